@@ -1,0 +1,146 @@
+"""The `LLM` front end every stage shares: load, validate, tokenize, run, collect.
+
+A stage subclasses `BaseLLM` and implements `_run(seqs)`, its engine loop.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Sequence as Seq
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from common.loader import load_model, parse_dtype, resolve_device
+from common.paths import DEFAULT_MODEL, resolve_model
+from common.sampling import SamplingParams
+from common.sequence import RequestMetrics, RequestOutput, Sequence
+from common.tokenizer import Tokenizer
+
+Prompt = str | list[int]
+
+
+@dataclass
+class EngineStats:
+    """Counters an engine keeps across one `generate` call."""
+    steps: int = 0
+    slot_steps_used: int = 0  # a running request occupied the slot and produced a token
+    slot_steps_available: int = 0  # slots x steps
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    output_tokens: int = 0
+    wall_seconds: float = 0.0
+
+    @property
+    def slot_utilization(self) -> float:
+        return self.slot_steps_used / self.slot_steps_available if self.slot_steps_available else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+    def as_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(slot_utilization=self.slot_utilization, output_tokens_per_s=self.output_tokens_per_s)
+        return d
+
+
+class BaseLLM:
+    def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "cpu",
+                 max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0):
+        self.folder = resolve_model(model)
+        self.device = resolve_device(device)
+        self.dtype = parse_dtype(dtype)
+        self.model = load_model(self.folder, self.dtype, self.device)
+        self.config = self.model.config
+        self.tokenizer = Tokenizer(self.folder)
+        limit = self.config.max_position_embeddings
+        if max_model_len is not None and not 1 < max_model_len <= limit:
+            raise ValueError(f"max_model_len={max_model_len} must be in [2, {limit}] (the model's context)")
+        self.max_model_len = max_model_len or limit
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1")
+        self.max_num_seqs = max_num_seqs
+        self.stats = EngineStats()
+        self.progress: Progress | None = None
+        torch.manual_seed(seed)
+
+    # ---- requests -------------------------------------------------------------------
+    def make_sequence(self, prompt: Prompt, params: SamplingParams | dict | None) -> Sequence:
+        """Validate one request; raise ValueError with a message that says what to fix."""
+        if params is None:
+            params = SamplingParams()
+        elif isinstance(params, dict):
+            params = SamplingParams(**params)
+        elif not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams or dict, not {type(params).__name__}")
+        params.validate(self.config.vocab_size)
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            text, ids = None, list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.config.vocab_size})")
+        else:
+            raise ValueError("a prompt must be a string or a list of integer token ids")
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}: "
+                             f"shorten it to at most {self.max_model_len - 1} tokens")
+        seq = Sequence(ids, params, self.config.eos_token_id, self.device, prompt=text)
+        seq.max_len = self.max_model_len
+        return seq
+
+    def generate(self, prompts: Prompt | Seq[Prompt], sampling_params=None,
+                 progress: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion. An invalid request fails alone (finish_reason 'error')."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+            params = list(sampling_params)
+        else:
+            params = [sampling_params] * len(prompts)
+        slots: list[Sequence | RequestOutput] = []
+        for prompt, p in zip(prompts, params):
+            try:
+                slots.append(self.make_sequence(prompt, p))
+            except ValueError as e:
+                slots.append(error_output(prompt, str(e)))
+        seqs = [s for s in slots if isinstance(s, Sequence)]
+        self.stats = EngineStats()
+        start = time.perf_counter()
+        with self._progress(progress, sum(s.params.max_tokens for s in seqs)):
+            if seqs:
+                self._run(seqs)
+        self.stats.wall_seconds = time.perf_counter() - start
+        self.stats.output_tokens = sum(len(s.output_token_ids) for s in seqs)
+        return [self.to_output(s) if isinstance(s, Sequence) else s for s in slots]
+
+    def to_output(self, seq: Sequence) -> RequestOutput:
+        return RequestOutput(seq.seq_id, seq.prompt, seq.prompt_token_ids, list(seq.output_token_ids),
+                             self.tokenizer.decode(seq.output_token_ids), seq.finish_reason, seq.metrics)
+
+    # ---- engine -------------------------------------------------------------------------
+    def _run(self, seqs: list[Sequence]) -> None:
+        raise NotImplementedError
+
+    def _progress(self, enabled: bool, total: int):
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("tokens"), TimeElapsedColumn(), disable=not enabled, transient=True)
+        self._task = self.progress.add_task(type(self).__module__.split(".")[-1], total=total)
+        return self.progress
+
+    def _advance(self, tokens: int) -> None:
+        if self.progress is not None:
+            self.progress.advance(self._task, tokens)
+
+
+def error_output(prompt, message: str) -> RequestOutput:
+    ids = prompt if isinstance(prompt, list) else []
+    return RequestOutput(-1, prompt if isinstance(prompt, str) else None, ids, [], "", "error",
+                         RequestMetrics(arrival_time=time.perf_counter()), error=message)

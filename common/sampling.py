@@ -1,0 +1,81 @@
+"""SamplingParams (vLLM's names and meanings) and the per-request sampler."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = -1  # -1 (or 0) keeps every token
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the field that is wrong and what it accepts."""
+        def bad(name, why):
+            raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: {why}")
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            bad("max_tokens", "must be an integer >= 1")
+        if not isinstance(self.temperature, (int, float)) or not (0.0 <= self.temperature < float("inf")):
+            bad("temperature", "must be a finite number >= 0 (0 means greedy)")
+        if not isinstance(self.top_k, int) or (self.top_k < 0 and self.top_k != -1):
+            bad("top_k", "must be -1 or 0 (disabled) or a positive integer")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            bad("top_p", "must be in (0, 1]")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            bad("seed", "must be None or a non-negative integer")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
+                bad("stop_token_ids", f"every id must be an integer in [0, {vocab_size or 'vocab size'})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """A request's own random stream: its draws never depend on what else is in the batch."""
+    if params.greedy:
+        return None
+    gen = torch.Generator(device=device)
+    if params.seed is not None:
+        gen.manual_seed(params.seed)
+    else:
+        gen.seed()
+    return gen
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """Next token for one request from its float32 logits row [vocab]."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    logits = logits / params.temperature
+    if params.top_k > 0 and params.top_k < logits.numel():
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, -1).cumsum(-1)
+        # Drop a token when the ones before it already reach top_p; always keep the first.
+        drop = (cumulative - torch.softmax(sorted_logits, -1)) >= params.top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    probs = torch.softmax(logits, -1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row. Greedy rows share one argmax; sampled rows draw from their own generator."""
+    greedy = torch.argmax(logits, dim=-1).tolist()
+    return [greedy[i] if p.greedy else sample(logits[i], p, g)
+            for i, (p, g) in enumerate(zip(params, generators))]

@@ -1,0 +1,112 @@
+"""A request as the engine sees it (vLLM's `Sequence`), and what `generate` returns."""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from common.sampling import SamplingParams, make_generator
+
+_ids = itertools.count()
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float | None:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        """Mean gap between output tokens after the first (decode pace)."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None  # "stop", "length", or "error" (then `error` says why)
+    metrics: RequestMetrics
+    error: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class Sequence:
+    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, eos_token_id: int,
+                 device: torch.device, prompt: str | None = None):
+        self.seq_id = next(_ids)
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.eos_token_id = eos_token_id
+        self.generator = make_generator(params, device)
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.metrics = RequestMetrics(arrival_time=time.perf_counter())
+        self.max_len: int | None = None  # the engine's max_model_len: a hard stop
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        """Record a sampled token and decide whether the request is done."""
+        now = time.perf_counter()
+        self.output_token_ids.append(token_id)
+        self.metrics.token_times.append(now)
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        p = self.params
+        if (token_id == self.eos_token_id and not p.ignore_eos) or token_id in p.stop_token_ids:
+            self.finish("stop")
+        elif len(self.output_token_ids) >= p.max_tokens or (self.max_len and len(self) >= self.max_len):
+            self.finish("length")
+
+    def finish(self, reason: str) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.metrics.finished_time = time.perf_counter()
