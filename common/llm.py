@@ -30,10 +30,17 @@ class EngineStats:
     decode_tokens: int = 0
     output_tokens: int = 0
     wall_seconds: float = 0.0
+    kv_bytes_reserved: int = 0  # peak KV memory set aside
+    kv_bytes_used: int = 0  # peak KV memory holding real tokens
 
     @property
     def slot_utilization(self) -> float:
         return self.slot_steps_used / self.slot_steps_available if self.slot_steps_available else 0.0
+
+    @property
+    def kv_waste(self) -> float:
+        """Fraction of the reserved KV bytes that held no token (at the peak)."""
+        return 1 - self.kv_bytes_used / self.kv_bytes_reserved if self.kv_bytes_reserved else 0.0
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -41,7 +48,8 @@ class EngineStats:
 
     def as_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d.update(slot_utilization=self.slot_utilization, output_tokens_per_s=self.output_tokens_per_s)
+        d.update(slot_utilization=self.slot_utilization, output_tokens_per_s=self.output_tokens_per_s,
+                 kv_waste=self.kv_waste)
         return d
 
 
@@ -57,7 +65,8 @@ class BaseLLM:
         limit = self.config.max_position_embeddings
         if max_model_len is not None and not 1 < max_model_len <= limit:
             raise ValueError(f"max_model_len={max_model_len} must be in [2, {limit}] (the model's context)")
-        self.max_model_len = max_model_len or limit
+        # The model allows 8,192 positions; 2,048 keeps a per-slot reservation (stage 02) affordable.
+        self.max_model_len = max_model_len or min(limit, 2048)
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1")
         self.max_num_seqs = max_num_seqs
@@ -112,7 +121,10 @@ class BaseLLM:
             except ValueError as e:
                 slots.append(error_output(prompt, str(e)))
         seqs = [s for s in slots if isinstance(s, Sequence)]
+        for i, seq in enumerate(seqs):
+            seq.index = i  # arrival order, the label in timelines
         self.stats = EngineStats()
+        self.timeline: list[list[int | None]] = []  # per step: which request holds each slot
         start = time.perf_counter()
         with self._progress(progress, sum(s.params.max_tokens for s in seqs)):
             if seqs:

@@ -77,6 +77,13 @@ class Sequence:
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
         self.max_len: int | None = None  # the engine's max_model_len: a hard stop
+        self.index = 0  # position in its generate() call
+        self.num_cached_tokens = 0  # tokens whose keys and values are in the KV cache
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens the next step must feed: the whole prompt at first, then the last sampled token."""
+        return len(self) - self.num_cached_tokens
 
     @property
     def token_ids(self) -> list[int]:

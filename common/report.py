@@ -1,0 +1,81 @@
+"""What the command lines print: a summary table and a slot-by-step timeline."""
+from __future__ import annotations
+
+import statistics
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from common.llm import EngineStats
+from common.sequence import RequestOutput
+
+LABELS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+COLORS = ["red", "green", "yellow", "blue", "magenta", "cyan", "bright_red", "bright_green",
+          "bright_yellow", "bright_blue", "bright_magenta", "bright_cyan"]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def summary_row(stats: EngineStats, outputs: list[RequestOutput]) -> dict:
+    ok = [o for o in outputs if o.finish_reason != "error"]
+    ttft = [o.metrics.time_to_first_token for o in ok]
+    tpot = [o.metrics.time_per_output_token for o in ok if o.metrics.time_per_output_token is not None]
+    return {
+        "requests": len(ok), "output tokens": stats.output_tokens, "wall s": stats.wall_seconds,
+        "output tok/s": stats.output_tokens_per_s, "steps": stats.steps,
+        "slot util": stats.slot_utilization, "KV reserved MB": stats.kv_bytes_reserved / 1e6,
+        "KV used MB": stats.kv_bytes_used / 1e6, "KV waste": stats.kv_waste,
+        "TTFT p50 s": percentile(ttft, 50), "TPOT p50 ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
+    }
+
+
+def summary_table(rows: dict[str, dict], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("")
+    columns = list(next(iter(rows.values())))
+    for c in columns:
+        table.add_column(c, justify="right")
+    for name, row in rows.items():
+        cells = []
+        for c in columns:
+            v = row[c]
+            if c in ("slot util", "KV waste"):
+                cells.append(f"{v:.1%}")
+            elif isinstance(v, float):
+                cells.append(f"{v:,.2f}")
+            else:
+                cells.append(f"{v:,}")
+        table.add_row(name, *cells)
+    return table
+
+
+def timeline(steps: list[list[int | None]], width: int = 100) -> Text:
+    """Slots down, steps across; each cell names the request in the slot, '·' when idle."""
+    text = Text()
+    slots = max((len(s) for s in steps), default=0)
+    for start in range(0, len(steps), width):
+        chunk = steps[start:start + width]
+        text.append(f"steps {start + 1}-{start + len(chunk)}\n", style="dim")
+        for slot in range(slots):
+            text.append(f"slot {slot:>2} ")
+            for step in chunk:
+                req = step[slot] if slot < len(step) else None
+                if req is None:
+                    text.append("·", style="dim")
+                else:
+                    text.append(LABELS[req % len(LABELS)], style=COLORS[req % len(COLORS)])
+            text.append("\n")
+    return text
+
+
+def print_timeline(console: Console, name: str, steps: list[list[int | None]]) -> None:
+    idle = sum(1 for s in steps for r in s if r is None)
+    total = sum(len(s) for s in steps)
+    console.print(f"[bold]{name}[/]: {len(steps)} steps, {idle} of {total} slot-steps idle")
+    console.print(timeline(steps))

@@ -1,0 +1,65 @@
+"""Workloads the stages' command lines and the benchmark run: toy, chat and random."""
+from __future__ import annotations
+
+import random
+
+from common.sampling import SamplingParams
+
+TOY_LENGTHS = [62, 14, 15, 28, 98, 2, 28, 39]  # 286 tokens: the article's toy-run totals (160 vs 112 steps)
+
+CHAT_QUESTIONS = [
+    "What is the capital of France?", "Give me three tips for writing clear code.",
+    "Explain in two sentences why the sky is blue.", "Write a haiku about autumn leaves.",
+    "What is the difference between a list and a tuple in Python?", "How do vaccines work?",
+    "Suggest a name for a bakery that sells only croissants.", "Summarize the plot of Romeo and Juliet.",
+    "What are the main causes of inflation?", "Translate 'good morning, how are you?' into Spanish.",
+    "Write a short poem about the ocean.", "Explain what a hash table is.",
+    "Why do cats purr?", "Give me a recipe for a simple tomato pasta.",
+    "What is photosynthesis?", "How can I improve my sleep?",
+    "Explain the Pythagorean theorem with an example.", "Write a limerick about a programmer.",
+    "What is the tallest mountain in the world and how tall is it?", "List five fruits that are high in vitamin C.",
+    "Describe the water cycle.", "What does HTTP stand for and what is it used for?",
+    "Give me a motivational quote and explain it.", "How does a bicycle stay upright?",
+    "What are black holes?", "Write a two-line dialogue between a robot and a child.",
+    "What is the boiling point of water at sea level?", "Explain recursion to a ten-year-old.",
+    "Name three famous painters and one work by each.", "What is machine learning, in one paragraph?",
+    "How do I make a good cup of coffee?", "Why is exercise important?",
+]
+
+
+def toy(tokenizer=None) -> tuple[list, list[SamplingParams]]:
+    """8 requests whose output lengths are fixed (ignore_eos), one token per request per step."""
+    prompts = [[100 + i, 200 + i, 300 + i] for i in range(len(TOY_LENGTHS))]
+    return prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in TOY_LENGTHS]
+
+
+def chat(tokenizer, n: int, max_tokens: int = 128, seed: int = 0) -> tuple[list, list[SamplingParams]]:
+    """Real chat prompts of varied length, outputs until EOS or ``max_tokens`` (greedy)."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        q = CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]
+        if i >= len(CHAT_QUESTIONS):  # vary repeats so prompts differ
+            q = f"{q} Please answer in {rng.choice(['one', 'two', 'three', 'a few'])} sentences."
+        prompts.append(tokenizer.apply_chat_template([{"role": "user", "content": q}]))
+    return prompts, [SamplingParams(temperature=0, max_tokens=max_tokens) for _ in prompts]
+
+
+def random_lengths(n: int, prompt_range=(16, 256), output_range=(8, 128), vocab: int = 1024,
+                   seed: int = 0) -> tuple[list, list[SamplingParams]]:
+    """nano-vllm's benchmark shape scaled to a CPU: random prompt ids and output lengths, ignore_eos."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(17, vocab) for _ in range(rng.randint(*prompt_range))] for _ in range(n)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randint(*output_range), ignore_eos=True)
+              for _ in range(n)]
+    return prompts, params
+
+
+def build(name: str, tokenizer, n: int, max_tokens: int, vocab: int, seed: int = 0):
+    if name == "toy":
+        return toy()
+    if name == "chat":
+        return chat(tokenizer, n, max_tokens, seed)
+    if name == "random":
+        return random_lengths(n, output_range=(8, max_tokens), vocab=vocab, seed=seed)
+    raise ValueError(f"unknown workload {name!r}: use toy, chat or random")

@@ -1,0 +1,8 @@
+"""python -m stages.01_static_batch [--toy] [--workload chat|random|toy] [--num-requests N] ..."""
+from common.cli import parser, run
+
+STAGES = ["stages.01_static_batch", "stages.02_continuous_batch"]
+
+if __name__ == "__main__":
+    args = parser(__doc__).parse_args()
+    run(STAGES if args.toy else ["stages.01_static_batch"], args)

@@ -1,0 +1,89 @@
+"""Stages 01 and 02 against the reference: same tokens for any workload; the toy run's step counts."""
+import importlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from common import ReferenceLLM, SamplingParams
+from workloads import workloads
+
+STAGES = ["stages.01_static_batch", "stages.02_continuous_batch"]
+TOY_LENGTHS = [62, 14, 15, 28, 98, 2, 28, 39]  # 286 tokens; the article's toy run totals
+
+
+def stage_llm(name, model, **kw):
+    return importlib.import_module(name).LLM(model, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return ReferenceLLM("tiny", dtype="bfloat16")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(workload=workloads(), max_num_seqs=st.integers(1, 6))
+def test_same_tokens_as_reference(reference, stage, workload, max_num_seqs):
+    prompts, params = workload
+    expected = reference.generate(prompts, params)
+    llm = stage_llm(stage, "tiny", dtype="bfloat16", max_num_seqs=max_num_seqs)
+    got = llm.generate(prompts, params)
+    for e, g in zip(expected, got):
+        assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)
+    assert llm.stats.output_tokens == sum(len(e.token_ids) for e in expected)
+
+
+def test_toy_run_static_160_continuous_112_steps():
+    prompts = [[100 + i, 200 + i] for i in range(8)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in TOY_LENGTHS]
+    steps = {}
+    for stage in STAGES:
+        llm = stage_llm(stage, "tiny", max_num_seqs=4)
+        outs = llm.generate(prompts, params)
+        assert [len(o.token_ids) for o in outs] == TOY_LENGTHS
+        steps[stage] = llm.stats.steps
+        assert llm.stats.slot_steps_used == sum(TOY_LENGTHS)
+    assert steps == {"stages.01_static_batch": 160, "stages.02_continuous_batch": 112}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_bad_requests_fail_alone(reference, stage):
+    good = SamplingParams(temperature=0, max_tokens=6)
+    prompts = ["fine", "", [1, 5000], [7] * 5000, "also fine", "bad params"]
+    params = [good, good, good, good, good, {"top_p": 0}]
+    llm = stage_llm(stage, "tiny", max_num_seqs=2)
+    outs = llm.generate(prompts, params)
+    assert [o.finish_reason for o in outs] == ["length", "error", "error", "error", "length", "error"]
+    for o, word in zip([outs[i] for i in (1, 2, 3, 5)], ["empty", "vocabulary", "max_model_len", "top_p"]):
+        assert word in o.error
+    ref = reference.generate(["fine", "also fine"], good)
+    assert [outs[0].token_ids, outs[4].token_ids] == [r.token_ids for r in ref]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_kv_accounting(stage):
+    llm = stage_llm(stage, "tiny", max_num_seqs=3, max_model_len=512)
+    llm.generate([[5] * 40] * 5, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    per_token = llm.config.kv_bytes_per_token(2)
+    st = llm.stats
+    assert st.kv_bytes_used == 3 * 49 * per_token  # three sequences of 40 + 9 cached tokens at the peak
+    if stage.endswith("continuous_batch"):
+        assert st.kv_bytes_reserved == 3 * 512 * per_token  # max_model_len per slot
+    else:
+        assert st.kv_bytes_reserved == 3 * 50 * per_token  # the batch's longest request
+
+
+REAL_PROMPTS = ["What is the capital of France?", "Write a limerick about a cat.",
+                "List three prime numbers.", "Explain recursion to a child."]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_real_model_same_tokens(stage):
+    ref = ReferenceLLM("smollm2-135m", dtype="bfloat16")
+    prompts = [ref.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in REAL_PROMPTS]
+    params = [SamplingParams(temperature=0, max_tokens=24), SamplingParams(temperature=0.8, seed=1, max_tokens=24),
+              SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=1.0, top_p=0.9, seed=5,
+                                                                           max_tokens=20)]
+    expected = ref.generate(prompts, params)
+    got = stage_llm(stage, "smollm2-135m", max_num_seqs=3).generate(prompts, params)
+    assert [g.token_ids for g in got] == [e.token_ids for e in expected]

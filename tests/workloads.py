@@ -1,0 +1,28 @@
+"""Hypothesis strategies for workloads, shared by the stage tests."""
+from hypothesis import strategies as st
+
+from common import SamplingParams
+
+TINY_VOCAB = 1024
+
+
+@st.composite
+def sampling_params(draw, max_tokens=st.integers(1, 40)):
+    greedy = draw(st.booleans())
+    return SamplingParams(
+        max_tokens=draw(max_tokens),
+        temperature=0.0 if greedy else draw(st.sampled_from([0.5, 0.8, 1.0, 1.3])),
+        top_k=draw(st.sampled_from([-1, 5, 50])),
+        top_p=draw(st.sampled_from([1.0, 0.9, 0.5])),
+        seed=None if greedy else draw(st.integers(0, 2**31)),
+        stop_token_ids=draw(st.lists(st.integers(3, 40), max_size=3)),
+        ignore_eos=draw(st.booleans()),
+    )
+
+
+@st.composite
+def workloads(draw, max_requests=8, max_prompt=300):
+    n = draw(st.integers(1, max_requests))
+    prompts = [draw(st.lists(st.integers(3, TINY_VOCAB - 1), min_size=1, max_size=max_prompt)) for _ in range(n)]
+    params = [draw(sampling_params()) for _ in range(n)]
+    return prompts, params
