@@ -23,6 +23,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--toy", action="store_true", help="the 8-request toy run, stages side by side")
+    ap.add_argument("--compare", action="store_true", help="run this stage and the previous one side by side")
     ap.add_argument("--timeline", action="store_true", help="draw the slot timeline even for long runs")
     return ap
 

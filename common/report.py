@@ -35,27 +35,24 @@ def summary_row(stats: EngineStats, outputs: list[RequestOutput]) -> dict:
     }
 
 
+def format_value(metric: str, v) -> str:
+    if metric in ("slot util", "KV waste"):
+        return f"{v:.1%}"
+    return f"{v:,.2f}" if isinstance(v, float) else f"{v:,}"
+
+
 def summary_table(rows: dict[str, dict], title: str) -> Table:
+    """Metrics down, engines across (fits a narrow terminal)."""
     table = Table(title=title)
-    table.add_column("")
-    columns = list(next(iter(rows.values())))
-    for c in columns:
-        table.add_column(c, justify="right")
-    for name, row in rows.items():
-        cells = []
-        for c in columns:
-            v = row[c]
-            if c in ("slot util", "KV waste"):
-                cells.append(f"{v:.1%}")
-            elif isinstance(v, float):
-                cells.append(f"{v:,.2f}")
-            else:
-                cells.append(f"{v:,}")
-        table.add_row(name, *cells)
+    table.add_column("metric")
+    for name in rows:
+        table.add_column(name, justify="right")
+    for metric in next(iter(rows.values())):
+        table.add_row(metric, *(format_value(metric, r[metric]) for r in rows.values()))
     return table
 
 
-def timeline(steps: list[list[int | None]], width: int = 100) -> Text:
+def timeline(steps: list[list[int | None]], width: int = 70) -> Text:
     """Slots down, steps across; each cell names the request in the slot, '·' when idle."""
     text = Text()
     slots = max((len(s) for s in steps), default=0)
@@ -78,4 +75,4 @@ def print_timeline(console: Console, name: str, steps: list[list[int | None]]) -
     idle = sum(1 for s in steps for r in s if r is None)
     total = sum(len(s) for s in steps)
     console.print(f"[bold]{name}[/]: {len(steps)} steps, {idle} of {total} slot-steps idle")
-    console.print(timeline(steps))
+    console.print(timeline(steps, width=max(20, console.width - 10)))

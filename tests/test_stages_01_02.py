@@ -87,3 +87,17 @@ def test_real_model_same_tokens(stage):
     expected = ref.generate(prompts, params)
     got = stage_llm(stage, "smollm2-135m", max_num_seqs=3).generate(prompts, params)
     assert [g.token_ids for g in got] == [e.token_ids for e in expected]
+
+
+def test_command_line_toy_run_side_by_side():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "stages.01_static_batch", "--toy"], cwd=root, text=True,
+                         capture_output=True, timeout=300, env={**os.environ, "COLUMNS": "120"})
+    assert out.returncode == 0, out.stderr
+    assert "01 static: 160 steps, 354 of 640 slot-steps idle" in out.stdout
+    assert "02 continuous: 112 steps, 162 of 448 slot-steps idle" in out.stdout

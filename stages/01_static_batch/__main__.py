@@ -5,4 +5,4 @@ STAGES = ["stages.01_static_batch", "stages.02_continuous_batch"]
 
 if __name__ == "__main__":
     args = parser(__doc__).parse_args()
-    run(STAGES if args.toy else ["stages.01_static_batch"], args)
+    run(STAGES if args.toy or args.compare else ["stages.01_static_batch"], args)
