@@ -24,7 +24,7 @@ $(MODEL): $(DEPS) common/prepare.py common/tokenizer.py
 	touch $@
 
 demo: $(MODEL)
-	$(BIN)/python -m common.demo
+	$(BIN)/python -m stages.05_streaming
 
 test: $(MODEL)
 	$(BIN)/python -m pytest -q tests

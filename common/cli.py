@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 
 from rich.console import Console
 
 from common import workloads
-from common.report import print_timeline, summary_row, summary_table
+from common.report import print_blocks, print_timeline, summary_row, summary_table
 
-STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous"}
+STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
+               "stages.03_paged_kv": "03 paged", "stages.04_kernels": "04 kernels", "stages.05_streaming": "05 streaming"}
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -17,15 +19,42 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--model", default="smollm2-135m", help="checkpoint folder, 'smollm2-135m' or 'tiny'")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--max-num-seqs", type=int, default=16, help="batch size (slots)")
+    ap.add_argument("--max-num-seqs", type=int, default=16, help="most requests in flight (slots)")
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--workload", default="chat", choices=["chat", "random", "toy"])
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--system-prompt", action="store_true", help="chat prompts share a long system prompt")
+    ap.add_argument("--kv-memory", default=None,
+                    help="KV budget ('192MiB', '2GB', bytes, or a fraction of free memory); stages 01-02 get "
+                         "as many max_model_len slots as it holds")
+    ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block (stage 03 on)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (stage 03 on)")
+    ap.add_argument("--no-prefix-caching", action="store_true")
     ap.add_argument("--toy", action="store_true", help="the 8-request toy run, stages side by side")
     ap.add_argument("--compare", action="store_true", help="run this stage and the previous one side by side")
     ap.add_argument("--timeline", action="store_true", help="draw the slot timeline even for long runs")
     return ap
+
+
+def make_llm(module: str, args: argparse.Namespace):
+    """Build a stage's LLM; the same KV budget becomes blocks (stage 03 on) or whole slots (01-02)."""
+    cls = importlib.import_module(module).LLM
+    kw = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    if "kv_cache_memory" in inspect.signature(cls.__init__).parameters:
+        kw.update(kv_cache_memory=args.kv_memory, block_size=args.block_size,
+                  max_num_batched_tokens=args.max_num_batched_tokens,
+                  enable_prefix_caching=not args.no_prefix_caching)
+        return cls(args.model, **kw)
+    llm = cls(args.model, **kw)
+    if args.kv_memory is not None:
+        paged = importlib.import_module("stages.03_paged_kv")
+        budget = paged.parse_memory(args.kv_memory, llm.device)
+        per_slot = llm.max_model_len * llm.config.kv_bytes_per_token(llm.dtype.itemsize)
+        if budget < per_slot:
+            raise SystemExit(f"--kv-memory {args.kv_memory} holds no {llm.max_model_len}-token slot for {module}")
+        llm.max_num_seqs = min(llm.max_num_seqs, budget // per_slot)
+    return llm
 
 
 def run(stage_modules: list[str], args: argparse.Namespace, console: Console | None = None) -> dict:
@@ -34,27 +63,31 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
         args.workload, args.max_num_seqs = "toy", 4
         if args.model == "smollm2-135m":
             args.model = "tiny"  # the toy run is about steps, not text
-    rows, timelines = {}, {}
+    rows, timelines, blocks = {}, {}, {}
     for module in stage_modules:
-        llm = importlib.import_module(module).LLM(args.model, dtype=args.dtype, device=args.device,
-                                                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+        llm = make_llm(module, args)
+        system = workloads.SYSTEM_PROMPT if args.system_prompt else None
         prompts, params = workloads.build(args.workload, llm.tokenizer, args.num_requests, args.max_tokens,
-                                          llm.config.vocab_size)
+                                          llm.config.vocab_size, system=system)
         outputs = llm.generate(prompts, params, progress=True)
         name = STAGE_NAMES.get(module, module)
-        rows[name] = summary_row(llm.stats, outputs)
+        rows[name] = summary_row(llm.stats, outputs, llm.max_num_seqs)
         timelines[name] = llm.timeline
+        if hasattr(llm, "block_timeline"):
+            blocks[name] = (llm.block_timeline, llm.block_manager.num_blocks)
         if args.workload == "chat" and len(stage_modules) == 1:
             for o in outputs[:2]:
                 console.print(f"[bold green]{o.text[:200]!r}[/] ({o.finish_reason})")
     for name, steps in timelines.items():
         if args.timeline or len(steps) <= 300:
             print_timeline(console, name, steps)
-    title = (f"{args.workload} workload: {len(prompts)} requests, {args.max_num_seqs} slots, "
-             f"{args.model}, {args.dtype}")
+    for name, (used, total) in blocks.items():
+        print_blocks(console, name, used, total)
+    title = (f"{args.workload} workload: {len(prompts)} requests, {args.model}, {args.dtype}"
+             + (f", KV budget {args.kv_memory}" if args.kv_memory else ""))
     console.print(summary_table(rows, title))
-    if len(rows) == 2:
-        (a, ra), (b, rb) = rows.items()
+    if len(rows) >= 2:
+        (a, ra), (b, rb) = list(rows.items())[-2:]
         console.print(f"{b} vs {a}: {ra['steps'] / rb['steps']:.2f}x fewer steps, "
                       f"{rb['output tok/s'] / ra['output tok/s']:.2f}x output tokens/s")
     return rows

@@ -59,26 +59,27 @@ def linear(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class AttentionMetadata:
-    """Where each query row of a step goes: built once per step, used by every layer.
+    """Where each query row of a step goes and where its keys live: built once per step, used by every layer.
 
     The flattened step holds, for sequence ``s``, ``query_lens[s]`` new tokens at
-    positions ``context_lens[s] - query_lens[s] ...``; its keys and values (cached
-    and new) are read from row ``slots[s]`` of the K/V tensors the stage passes in.
+    positions ``context_lens[s] - query_lens[s] ...``. Keys and values are read
+    through ``key_index``: row ``s * kv_heads + h``, column ``p`` is the row of the
+    flattened K/V storage ([N, d]) that holds sequence ``s``'s key/value of head
+    ``h`` at position ``p``. A contiguous cache and a paged one differ only there.
     """
     query_lens: list[int]
     context_lens: list[int]
     row_src: torch.Tensor  # [tiles * QUERY_TILE] index into q viewed as [tokens * heads, d]
     row_pos: torch.Tensor  # [tiles, QUERY_TILE] position of each row's token
-    tile_stream: torch.Tensor  # [tiles] index into K/V viewed as [seqs * kv_heads, len, d]
+    tile_stream: torch.Tensor  # [tiles] row of key_index: sequence * kv_heads + head
     valid: torch.Tensor  # [rows] bool: a real row (not padding)
     tile_last_pos: torch.Tensor  # [tiles] the furthest position any row of the tile may attend to
     key_tiles: int  # tiles of KEY_TILE keys covering the longest context
+    key_index: torch.Tensor  # [seqs * kv_heads, key_tiles * KEY_TILE] rows of the K/V storage
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], num_heads: int,
-              num_kv_heads: int, slots: list[int] | None = None,
-              device: torch.device | str = "cpu") -> "AttentionMetadata":
-        """``slots[s]`` is the row of the K/V tensors holding sequence ``s`` (default: ``s``)."""
+              num_kv_heads: int, key_index: torch.Tensor) -> "AttentionMetadata":
         group = num_heads // num_kv_heads
         src, pos, stream, valid = [], [], [], []
         token0 = 0
@@ -93,8 +94,7 @@ class AttentionMetadata:
                 src.append(torch.cat([rows, rows[:1].expand(pad)]))
                 pos.append(torch.cat([tok_pos, tok_pos[:1].expand(pad)]))
                 valid.append(torch.arange(rows.numel() + pad) < rows.numel())
-                slot = s if slots is None else slots[s]
-                stream.append(torch.full(((rows.numel() + pad) // QUERY_TILE,), slot * num_kv_heads + h))
+                stream.append(torch.full(((rows.numel() + pad) // QUERY_TILE,), s * num_kv_heads + h))
             token0 += n
         src, pos, stream, valid = torch.cat(src), torch.cat(pos), torch.cat(stream), torch.cat(valid)
         pad_tiles = (-stream.numel()) % TILE_GROUP
@@ -104,22 +104,33 @@ class AttentionMetadata:
             valid = torch.cat([valid, valid.new_zeros(pad_tiles * QUERY_TILE)])
             stream = torch.cat([stream, stream[:1].expand(pad_tiles)])
         key_tiles = -(-max(context_lens) // KEY_TILE)
+        assert key_index.shape == (len(query_lens) * num_kv_heads, key_tiles * KEY_TILE), key_index.shape
         pos = pos.view(-1, QUERY_TILE)
-        return cls(list(query_lens), list(context_lens), src.to(device), pos.to(device), stream.to(device),
-                   valid.to(device), pos.amax(1).to(device), key_tiles)
+        dev = key_index.device
+        return cls(list(query_lens), list(context_lens), src.to(dev), pos.to(dev), stream.to(dev),
+                   valid.to(dev), pos.amax(1).to(dev), key_tiles, key_index)
+
+
+def key_tiles_len(context_lens: list[int]) -> int:
+    """Positions the attention reads per sequence: the longest context, rounded up to whole key tiles."""
+    return -(-max(context_lens) // KEY_TILE) * KEY_TILE
+
+
+def contiguous_key_index(slots: list[int], num_kv_heads: int, row_len: int, key_len: int,
+                         device: torch.device | str = "cpu") -> torch.Tensor:
+    """key_index for storage shaped [slots, kv_heads, row_len, d]: (slot, head, p) -> flat row."""
+    streams = (torch.tensor(slots)[:, None] * num_kv_heads + torch.arange(num_kv_heads)).view(-1, 1)
+    return (streams * row_len + torch.arange(key_len)).to(device)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """Causal grouped-query attention for a flattened step.
 
-    q: [tokens, heads, d]; k, v: [rows, kv_heads, >= key_tiles * KEY_TILE, d], row ``slots[s]``
-    holding sequence s's whole context (what lies past a sequence's length is masked and never read
-    into the result). Returns [tokens, heads, d] in q's dtype.
+    q: [tokens, heads, d]; k, v: the cache's storage flattened to [N, d], read through
+    ``meta.key_index`` (what lies past a sequence's length is masked and never enters the
+    result, but must be finite). Returns [tokens, heads, d] in q's dtype.
     """
     tokens, heads, d = q.shape
-    seqs, kv_heads = k.shape[:2]
-    k = k.reshape(seqs * kv_heads, k.shape[2], d)
-    v = v.reshape(seqs * kv_heads, v.shape[2], d)
     qt = q.reshape(tokens * heads, d)[meta.row_src].float().view(-1, QUERY_TILE, d) * d ** -0.5
     tiles = qt.shape[0]
     m = torch.full((tiles, QUERY_TILE), float("-inf"), device=q.device)
@@ -135,9 +146,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Attention
         pad = (-active.numel()) % TILE_GROUP  # keep exp on whole vectors (see module doc)
         if pad:
             active = torch.cat([active, active[-1:].expand(pad)])
-        stream = meta.tile_stream[active]
-        kt = k[stream, lo:lo + KEY_TILE].float()
-        vt = v[stream, lo:lo + KEY_TILE].float()
+        rows = meta.key_index[meta.tile_stream[active], lo:lo + KEY_TILE]
+        kt, vt = k[rows].float(), v[rows].float()
         m_a, l_a, acc_a = m[active], l[active], acc[active]
         s = torch.bmm(qt[active], kt.transpose(1, 2))
         s.masked_fill_((lo + key_offsets) > meta.row_pos[active][:, :, None], float("-inf"))

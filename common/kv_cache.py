@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from common.config import ModelConfig
-from common.invariant import KEY_TILE, AttentionMetadata, attention
+from common.invariant import KEY_TILE, AttentionMetadata, attention, contiguous_key_index, key_tiles_len
 
 
 class ContiguousKVCache:
@@ -35,8 +35,9 @@ class ContiguousKVCache:
     def prepare(self, slots: list[int], query_lens: list[int], context_lens: list[int]) -> None:
         """Describe the next step: sequence s writes query_lens[s] tokens into row slots[s]."""
         c, dev = self.config, self.k.device
+        key_index = contiguous_key_index(slots, c.num_key_value_heads, self.k.shape[3], key_tiles_len(context_lens), dev)
         self.meta = AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads,
-                                            c.num_key_value_heads, slots=slots, device=dev)
+                                            c.num_key_value_heads, key_index)
         self.write_slot = torch.tensor([s for s, n in zip(slots, query_lens) for _ in range(n)], device=dev)
         self.write_pos = torch.tensor([p for n, ctx in zip(query_lens, context_lens)
                                        for p in range(ctx - n, ctx)], device=dev)
@@ -45,4 +46,5 @@ class ContiguousKVCache:
         kc, vc = self.k[layer], self.v[layer]
         kc[self.write_slot, :, self.write_pos] = k
         vc[self.write_slot, :, self.write_pos] = v
-        return attention(q, kc, vc, self.meta)
+        d = self.config.head_dim
+        return attention(q, kc.view(-1, d), vc.view(-1, d), self.meta)

@@ -12,10 +12,11 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.loader import load_model, parse_dtype, resolve_device
+from common.model import Llama
 from common.paths import DEFAULT_MODEL, resolve_model
 from common.sampling import SamplingParams
 from common.sequence import RequestMetrics, RequestOutput, Sequence
-from common.tokenizer import Tokenizer
+from common.tokenizer import IncrementalDetokenizer, Tokenizer
 
 Prompt = str | list[int]
 
@@ -32,6 +33,14 @@ class EngineStats:
     wall_seconds: float = 0.0
     kv_bytes_reserved: int = 0  # peak KV memory set aside
     kv_bytes_used: int = 0  # peak KV memory holding real tokens
+    peak_running: int = 0  # most requests in flight at once
+    preemptions: int = 0  # requests evicted from the KV cache to be recomputed (stage 03 on)
+    prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache (stage 03 on)
+    prefix_query_tokens: int = 0  # prompt tokens looked up in it
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
     @property
     def slot_utilization(self) -> float:
@@ -49,17 +58,19 @@ class EngineStats:
     def as_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(slot_utilization=self.slot_utilization, output_tokens_per_s=self.output_tokens_per_s,
-                 kv_waste=self.kv_waste)
+                 kv_waste=self.kv_waste, prefix_hit_rate=self.prefix_hit_rate)
         return d
 
 
 class BaseLLM:
+    model_class = Llama  # stage 04 swaps in a model whose element-wise operations are fused kernels
+
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "cpu",
                  max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0):
         self.folder = resolve_model(model)
         self.device = resolve_device(device)
         self.dtype = parse_dtype(dtype)
-        self.model = load_model(self.folder, self.dtype, self.device)
+        self.model = load_model(self.folder, self.dtype, self.device, self.model_class)
         self.config = self.model.config
         self.tokenizer = Tokenizer(self.folder)
         limit = self.config.max_position_embeddings
@@ -100,6 +111,7 @@ class BaseLLM:
                              f"shorten it to at most {self.max_model_len - 1} tokens")
         seq = Sequence(ids, params, self.config.eos_token_id, self.device, prompt=text)
         seq.max_len = self.max_model_len
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
         return seq
 
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params=None,
@@ -135,7 +147,7 @@ class BaseLLM:
 
     def to_output(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(seq.seq_id, seq.prompt, seq.prompt_token_ids, list(seq.output_token_ids),
-                             self.tokenizer.decode(seq.output_token_ids), seq.finish_reason, seq.metrics)
+                             seq.output_text, seq.finish_reason, seq.metrics)
 
     # ---- engine -------------------------------------------------------------------------
     def _run(self, seqs: list[Sequence]) -> None:

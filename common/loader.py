@@ -47,7 +47,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | None = "cpu") -> Llama:
+def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | None = "cpu",
+               model_class: type[Llama] = Llama) -> Llama:
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     files = sorted(folder.glob("*.safetensors"))
@@ -64,4 +65,4 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
         if tuple(weights[name].shape) != shape:
             raise ValueError(f"{folder}: tensor {name!r} has shape {tuple(weights[name].shape)}, "
                              f"config.json implies {shape}")
-    return Llama(config, weights, parse_dtype(dtype), resolve_device(device))
+    return model_class(config, weights, parse_dtype(dtype), resolve_device(device))

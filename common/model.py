@@ -67,10 +67,20 @@ class Llama:
             tensors.append(self.lm_head_t)
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    # ---- the element-wise operations stage 04 replaces with fused kernels ----------------
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor):
+        """(RMSNorm(x + residual), x + residual): the residual stream is added into, then normalized."""
+        residual = x if residual is None else x + residual
+        return rms_norm(residual, weight, self.config.rms_norm_eps), residual
+
+    def apply_rope(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        xf = x.float()
-        return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+        rotate = lambda x: (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)  # noqa: E731
+        return rotate(q), rotate(k)
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return (F.silu(gate) * up).contiguous()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -80,20 +90,19 @@ class Llama:
         tokens = input_ids.shape[0]
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         # Rows stay padded to ROW_TILE through the layers so every op sees whole tiles.
-        x = pad_rows(self.embed[input_ids])
+        h, residual = pad_rows(self.embed[input_ids]), None
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
+            h, residual = self.add_rms_norm(h, residual, layer["attn_norm"])
             qkv = linear(h, layer["qkv_t"])[:tokens]
             q = qkv[:, : nq * d].view(tokens, nq, d)
             k = qkv[:, nq * d: (nq + nkv) * d].view(tokens, nkv, d)
             v = qkv[:, (nq + nkv) * d:].reshape(tokens, nkv, d)
-            q, k = self.rope(q, positions), self.rope(k, positions)
+            q, k = self.apply_rope(q, k, positions)
             o = attention(i, q, k, v).reshape(tokens, nq * d)
-            x = x + linear(pad_rows(o), layer["o_t"])
-            h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
-            gate, up = linear(h, layer["gate_up_t"]).chunk(2, dim=-1)
-            x = x + linear((F.silu(gate) * up).contiguous(), layer["down_t"])
-        return rms_norm(x, self.norm, c.rms_norm_eps)[:tokens]
+            h, residual = self.add_rms_norm(linear(pad_rows(o), layer["o_t"]), residual, layer["mlp_norm"])
+            h = linear(self.swiglu(linear(h, layer["gate_up_t"])), layer["down_t"])
+        h, _ = self.add_rms_norm(h, residual, self.norm)
+        return h[:tokens]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -22,21 +22,23 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
-def summary_row(stats: EngineStats, outputs: list[RequestOutput]) -> dict:
+def summary_row(stats: EngineStats, outputs: list[RequestOutput], max_num_seqs: int | None = None) -> dict:
     ok = [o for o in outputs if o.finish_reason != "error"]
     ttft = [o.metrics.time_to_first_token for o in ok]
     tpot = [o.metrics.time_per_output_token for o in ok if o.metrics.time_per_output_token is not None]
     return {
         "requests": len(ok), "output tokens": stats.output_tokens, "wall s": stats.wall_seconds,
         "output tok/s": stats.output_tokens_per_s, "steps": stats.steps,
+        "slots (max_num_seqs)": max_num_seqs or 0, "peak in flight": stats.peak_running,
         "slot util": stats.slot_utilization, "KV reserved MB": stats.kv_bytes_reserved / 1e6,
         "KV used MB": stats.kv_bytes_used / 1e6, "KV waste": stats.kv_waste,
+        "preemptions": stats.preemptions, "prefix hit rate": stats.prefix_hit_rate,
         "TTFT p50 s": percentile(ttft, 50), "TPOT p50 ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
     }
 
 
 def format_value(metric: str, v) -> str:
-    if metric in ("slot util", "KV waste"):
+    if metric in ("slot util", "KV waste", "prefix hit rate"):
         return f"{v:.1%}"
     return f"{v:,.2f}" if isinstance(v, float) else f"{v:,}"
 
@@ -76,3 +78,19 @@ def print_timeline(console: Console, name: str, steps: list[list[int | None]]) -
     total = sum(len(s) for s in steps)
     console.print(f"[bold]{name}[/]: {len(steps)} steps, {idle} of {total} slot-steps idle")
     console.print(timeline(steps, width=max(20, console.width - 10)))
+
+
+SPARK = " ▁▂▃▄▅▆▇█"
+
+
+def print_blocks(console: Console, name: str, used: list[int], total: int) -> None:
+    """KV blocks in use over the run, one column per group of steps (a sparkline scaled to the pool)."""
+    if not used:
+        return
+    width = max(20, min(len(used), console.width - 12))
+    per = -(-len(used) // width)
+    cols = [max(used[i:i + per]) for i in range(0, len(used), per)]
+    line = "".join(SPARK[min(8, round(8 * u / total))] for u in cols)
+    console.print(f"[bold]{name}[/]: KV blocks in use over {len(used)} steps (pool of {total:,}, "
+                  f"peak {max(used):,} = {max(used) / total:.0%})")
+    console.print(f"  [cyan]{line}[/]")

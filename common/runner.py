@@ -17,19 +17,27 @@ class ModelRunner:
     def __init__(self, model: Llama):
         self.model = model
 
-    def run(self, seqs: list[Sequence], query_lens: list[int], cache: AttentionBackend) -> list[int]:
-        """Feed each sequence its last ``query_lens[i]`` tokens; return one sampled token per sequence.
+    def run(self, seqs: list[Sequence], query_lens: list[int], cache: AttentionBackend) -> list[int | None]:
+        """Feed each sequence its next ``query_lens[i]`` uncached tokens; sample for those now complete.
 
-        Afterwards those tokens count as cached (``seq.num_cached_tokens``)."""
-        ids, positions = [], []
+        Afterwards those tokens count as cached (``seq.num_cached_tokens``). A sequence whose
+        tokens are all cached gets a sampled token; one fed only a chunk of its prompt
+        (chunked prefill, stage 03) gets ``None``: its next chunk comes in a later step."""
+        ids, positions, last, row = [], [], [], -1
         for seq, n in zip(seqs, query_lens):
-            start = len(seq) - n
-            ids.extend(seq.token_ids[start:])
-            positions.extend(range(start, len(seq)))
+            start = seq.num_cached_tokens
+            ids.extend(seq.token_ids[start:start + n])
+            positions.extend(range(start, start + n))
+            row += n
+            if start + n == len(seq):
+                last.append(row)
         dev = self.model.device
         hidden = self.model.forward(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), cache)
-        last = torch.tensor(query_lens, device=dev).cumsum(0) - 1
-        logits = self.model.compute_logits(hidden[last])
+        done = [seq for seq, n in zip(seqs, query_lens) if seq.num_cached_tokens + n == len(seq)]
         for seq, n in zip(seqs, query_lens):
             seq.num_cached_tokens += n
-        return sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        if not done:
+            return [None] * len(seqs)
+        logits = self.model.compute_logits(hidden[torch.tensor(last, device=dev)])
+        sampled = iter(sample_batch(logits, [s.params for s in done], [s.generator for s in done]))
+        return [next(sampled) if seq.num_cached_tokens == len(seq) else None for seq in seqs]

@@ -15,9 +15,11 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)  # stop strings: the output ends before the first one
 
     def __post_init__(self):
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.validate()
 
     def validate(self, vocab_size: int | None = None) -> None:
@@ -34,6 +36,8 @@ class SamplingParams:
             bad("top_p", "must be in (0, 1]")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             bad("seed", "must be None or a non-negative integer")
+        if not all(isinstance(x, str) and x for x in self.stop):
+            bad("stop", "must be a string or a list of non-empty strings")
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
                 bad("stop_token_ids", f"every id must be an integer in [0, {vocab_size or 'vocab size'})")

@@ -79,6 +79,10 @@ class Sequence:
         self.max_len: int | None = None  # the engine's max_model_len: a hard stop
         self.index = 0  # position in its generate() call
         self.num_cached_tokens = 0  # tokens whose keys and values are in the KV cache
+        self.output_text = ""  # detokenized as tokens arrive (when a detokenizer is attached)
+        self.detokenizer = None  # common.tokenizer.IncrementalDetokenizer, attached by the LLM front end
+        self.block_table: list[int] = []  # paged KV (stage 03 on): the blocks holding those tokens
+        self.num_preemptions = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -108,12 +112,36 @@ class Sequence:
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         p = self.params
-        if (token_id == self.eos_token_id and not p.ignore_eos) or token_id in p.stop_token_ids:
+        if self.detokenizer is not None:
+            self.output_text += self.detokenizer.add(token_id)
+        if p.stop and self.detokenizer is not None and self._cut_at_stop_string():
+            self.finish("stop")
+        elif (token_id == self.eos_token_id and not p.ignore_eos) or token_id in p.stop_token_ids:
             self.finish("stop")
         elif len(self.output_token_ids) >= p.max_tokens or (self.max_len and len(self) >= self.max_len):
             self.finish("length")
 
+    def _cut_at_stop_string(self) -> bool:
+        """End the text before the earliest stop string, if one is now complete (it may span tokens)."""
+        hits = [i for i in (self.output_text.find(s) for s in self.params.stop) if i >= 0]
+        if not hits:
+            return False
+        self.output_text = self.output_text[:min(hits)]
+        self.detokenizer = None  # nothing after the stop string is text
+        return True
+
+    @property
+    def stable_text_len(self) -> int:
+        """How much of ``output_text`` can be shown now: a tail that may still grow into a stop string is held."""
+        if self.is_finished or not self.params.stop:
+            return len(self.output_text)
+        return max(0, len(self.output_text) - max(len(s) for s in self.params.stop) + 1)
+
     def finish(self, reason: str) -> None:
+        if self.detokenizer is not None:
+            self.output_text += self.detokenizer.flush()  # a character left incomplete at the end
+            if self.params.stop:
+                self._cut_at_stop_string()
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.metrics.finished_time = time.perf_counter()

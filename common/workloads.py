@@ -27,21 +27,33 @@ CHAT_QUESTIONS = [
 ]
 
 
+SYSTEM_PROMPT = (
+    "You are the support assistant of Lumen, a company that sells solar-powered desk lamps. Answer in at most "
+    "three sentences, in plain language, and stay friendly. If the question is about a Lumen lamp, mention "
+    "that the battery lasts about twelve hours and that every lamp has a two-year warranty. If it is about "
+    "something else, answer it briefly and helpfully anyway. Never invent order numbers or prices."
+)
+
+
 def toy(tokenizer=None) -> tuple[list, list[SamplingParams]]:
     """8 requests whose output lengths are fixed (ignore_eos), one token per request per step."""
     prompts = [[100 + i, 200 + i, 300 + i] for i in range(len(TOY_LENGTHS))]
     return prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in TOY_LENGTHS]
 
 
-def chat(tokenizer, n: int, max_tokens: int = 128, seed: int = 0) -> tuple[list, list[SamplingParams]]:
-    """Real chat prompts of varied length, outputs until EOS or ``max_tokens`` (greedy)."""
+def chat(tokenizer, n: int, max_tokens: int = 128, seed: int = 0,
+         system: str | None = None) -> tuple[list, list[SamplingParams]]:
+    """Real chat prompts of varied length, outputs until EOS or ``max_tokens`` (greedy).
+
+    With ``system``, every prompt starts with that system message (a shared prefix)."""
     rng = random.Random(seed)
     prompts = []
     for i in range(n):
         q = CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]
         if i >= len(CHAT_QUESTIONS):  # vary repeats so prompts differ
             q = f"{q} Please answer in {rng.choice(['one', 'two', 'three', 'a few'])} sentences."
-        prompts.append(tokenizer.apply_chat_template([{"role": "user", "content": q}]))
+        head = [{"role": "system", "content": system}] if system else []
+        prompts.append(tokenizer.apply_chat_template(head + [{"role": "user", "content": q}]))
     return prompts, [SamplingParams(temperature=0, max_tokens=max_tokens) for _ in prompts]
 
 
@@ -55,11 +67,11 @@ def random_lengths(n: int, prompt_range=(16, 256), output_range=(8, 128), vocab:
     return prompts, params
 
 
-def build(name: str, tokenizer, n: int, max_tokens: int, vocab: int, seed: int = 0):
+def build(name: str, tokenizer, n: int, max_tokens: int, vocab: int, seed: int = 0, system: str | None = None):
     if name == "toy":
         return toy()
     if name == "chat":
-        return chat(tokenizer, n, max_tokens, seed)
+        return chat(tokenizer, n, max_tokens, seed, system)
     if name == "random":
         return random_lengths(n, output_range=(8, max_tokens), vocab=vocab, seed=seed)
     raise ValueError(f"unknown workload {name!r}: use toy, chat or random")

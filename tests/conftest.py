@@ -3,6 +3,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton kernels run interpreted (NumPy) on a machine without CUDA. Triton reads this when a
+# kernel is decorated, so it must be set before any kernel module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -2,7 +2,7 @@
 import torch
 from hypothesis import given, settings, strategies as st
 
-from common.invariant import AttentionMetadata, attention, linear, pad_rows
+from common.invariant import AttentionMetadata, attention, contiguous_key_index, key_tiles_len, linear, pad_rows
 
 
 @settings(max_examples=40, deadline=None)
@@ -42,15 +42,19 @@ def test_attention_is_exact_and_batch_invariant(seqs, heads):
     k = torch.randn(len(seqs), nkv, L, d, generator=gen).to(torch.bfloat16)
     v = torch.randn(len(seqs), nkv, L, d, generator=gen).to(torch.bfloat16)
     q = torch.randn(sum(qlens), nh, d, generator=gen).to(torch.bfloat16)
-    out = attention(q, k, v, AttentionMetadata.build(qlens, ctx, nh, nkv))
+
+    def run(q, qlens, ctx, slots):
+        index = contiguous_key_index(slots, nkv, L, key_tiles_len(ctx))
+        return attention(q, k.view(-1, d), v.view(-1, d), AttentionMetadata.build(qlens, ctx, nh, nkv, index))
+
+    out = run(q, qlens, ctx, list(range(len(seqs))))
     t0 = 0
     for s, (n, c) in enumerate(zip(qlens, ctx)):
-        alone = attention(q[t0:t0 + n], k[s:s + 1], v[s:s + 1], AttentionMetadata.build([n], [c], nh, nkv))
+        alone = run(q[t0:t0 + n], [n], [c], [s])
         assert torch.equal(out[t0:t0 + n], alone)
         expected = torch_attention(q[t0:t0 + n], k[s, :, :c].transpose(0, 1), v[s, :, :c].transpose(0, 1), c - n)
         torch.testing.assert_close(alone.float(), expected, rtol=2e-2, atol=2e-2)
         if n > 1:  # a chunk of the same queries sees the same bits (chunked prefill)
-            chunk = attention(q[t0 + 1:t0 + n], k[s:s + 1], v[s:s + 1],
-                              AttentionMetadata.build([n - 1], [c], nh, nkv))
+            chunk = run(q[t0 + 1:t0 + n], [n - 1], [c], [s])
             assert torch.equal(chunk, alone[1:])
         t0 += n

@@ -70,6 +70,7 @@ class LLM(BaseLLM):
         st.steps += 1
         st.slot_steps_available += len(slot_seqs)
         st.slot_steps_used += len(ran)
+        st.peak_running = max(st.peak_running, len(ran))
         for seq, n in zip(ran, lens):
             start = len(seq) - 1 - n  # first position fed this step (a token was appended since)
             prefill = max(0, min(n, seq.num_prompt_tokens - start))

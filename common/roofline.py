@@ -1,0 +1,169 @@
+"""The roofline and capacity arithmetic: how fast decoding can go, and how many requests fit.
+
+Decoding one step reads every weight once, plus every running request's KV cache, so
+a step can take no less than ``bytes read / memory bandwidth``. Batching shares the
+weight read among requests; the KV read grows with them. Capacity is the same
+arithmetic on memory: bytes per token times tokens held.
+
+``python -m common.roofline`` prints the article's worked example, then the same
+figures for SmolLM2 on this machine (measured copy bandwidth and matmul rate).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+GB = 1e9
+
+
+def weight_bytes(num_params: float, bits: int) -> float:
+    return num_params * bits / 8
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
+    """Keys and values (2) for every layer and KV head of one token."""
+    return 2 * layers * kv_heads * head_dim * bytes_per_value
+
+
+def step_seconds(weights: float, bandwidth: float, kv_bytes: float = 0.0) -> float:
+    """Lower bound on one decode step: every weight and every cached KV byte read once."""
+    return (weights + kv_bytes) / bandwidth
+
+
+def decode_tokens_per_s(weights: float, bandwidth: float, batch: int = 1, context: int = 0,
+                        per_token: int = 0) -> float:
+    """Ceiling on output tokens/s for ``batch`` requests each holding ``context`` cached tokens."""
+    return batch / step_seconds(weights, bandwidth, batch * context * per_token)
+
+
+def seqs_reserving(budget: float, max_len: int, per_token: int) -> int:
+    """Sequences that fit when each reserves ``max_len`` tokens up front (stages 01-02)."""
+    return int(budget // (max_len * per_token))
+
+
+def seqs_paged(budget: float, avg_len: int, per_token: int, block_size: int = 16) -> int:
+    """Sequences that fit when each holds whole blocks for the tokens it has (stage 03)."""
+    blocks = -(-avg_len // block_size)
+    return int(budget // (blocks * block_size * per_token))
+
+
+@dataclass
+class Article:
+    """The article's illustrative 13B model on an 80 GB, 2,000 GB/s accelerator."""
+    params: float = 13e9
+    layers: int = 40
+    kv_heads: int = 40
+    head_dim: int = 128
+    bandwidth: float = 2000 * GB
+    cache_budget: float = 46 * GB
+    max_len: int = 2048
+    avg_len: int = 400
+    batch: int = 32
+
+    def figures(self) -> dict[str, float]:
+        w16, per_token = weight_bytes(self.params, 16), kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, 2)
+        reserved = seqs_reserving(self.cache_budget, self.max_len, per_token)
+        one = step_seconds(w16, self.bandwidth)  # the weights-only single-request step
+        many = step_seconds(w16, self.bandwidth, self.batch * self.avg_len * per_token)
+        return {
+            "weights GB (16-bit)": w16 / GB, "weights GB (8-bit)": weight_bytes(self.params, 8) / GB,
+            "tok/s, 1 request (weights only)": decode_tokens_per_s(w16, self.bandwidth),
+            "tok/s, 32 requests (weights only)": decode_tokens_per_s(w16, self.bandwidth, self.batch),
+            "KV GB read, 32 x 400 tokens": self.batch * self.avg_len * per_token / GB,
+            "step cost vs 1 request": many / one,
+            "tok/s, 32 x 400 tokens": decode_tokens_per_s(w16, self.bandwidth, self.batch, self.avg_len, per_token),
+            "tok/s, 1 x 400 tokens": decode_tokens_per_s(w16, self.bandwidth, 1, self.avg_len, per_token),
+            "KV bytes per token": per_token, "GB per 2,048-token sequence": self.max_len * per_token / GB,
+            "sequences reserving 2,048": reserved,
+            "sequences paged at 400": seqs_paged(self.cache_budget, self.avg_len, per_token),
+            "KV GB read, 27 x 2,048 tokens": reserved * self.max_len * per_token / GB,
+            "tok/s, 27 x 2,048 tokens": decode_tokens_per_s(w16, self.bandwidth, reserved, self.max_len, per_token),
+        }
+
+
+def edge_figures(params: float = 3e9, bandwidth: float = 100 * GB) -> dict[str, float]:
+    """The article's on-device example: a 3B model at 100 GB/s."""
+    out = {f"weights GB ({b}-bit)": weight_bytes(params, b) / GB for b in (16, 8, 4)}
+    out.update({f"ms per token ({b}-bit)": 1e3 * step_seconds(weight_bytes(params, b), bandwidth) for b in (8, 4)})
+    return out
+
+
+def measure_bandwidth(device: str = "cpu", mb: int = 256, repeats: int = 5) -> float:
+    """Copy bandwidth in bytes/s (read + write counted), best of ``repeats``."""
+    src = torch.empty(mb * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() / best
+
+
+def measure_matmul_flops(device: str = "cpu", dtype: torch.dtype = torch.bfloat16, n: int = 1024) -> float:
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b
+    sync(device)
+    t, reps = time.perf_counter(), 0
+    while time.perf_counter() - t < 0.5:
+        a @ b
+        reps += 1
+    sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - t)
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def table(title: str, figures: dict[str, float]) -> Table:
+    t = Table(title=title)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k, v in figures.items():
+        t.add_row(k, f"{v:,.0f}" if isinstance(v, int) else f"{v:,.3f}" if v < 10 else f"{v:,.2f}")
+    return t
+
+
+def machine_figures(model: str = "smollm2-135m", dtype: str = "bfloat16", device: str = "cpu") -> dict[str, float]:
+    from common.loader import load_model, parse_dtype
+    from common.paths import resolve_model
+    llm = load_model(resolve_model(model), parse_dtype(dtype), torch.device(device))
+    c, weights = llm.config, llm.weight_bytes
+    per_token = c.kv_bytes_per_token(parse_dtype(dtype).itemsize)
+    bw, flops = measure_bandwidth(device), measure_matmul_flops(device, parse_dtype(dtype))
+    return {
+        "weight MB": weights / 1e6, "KV bytes per token": per_token,
+        "copy bandwidth GB/s": bw / GB, "matmul GFLOP/s": flops / 1e9,
+        "decode ceiling tok/s, 1 request": decode_tokens_per_s(weights, bw),
+        "decode ceiling tok/s, 16 x 400 tokens": decode_tokens_per_s(weights, bw, 16, 400, per_token),
+        "compute ceiling tok/s (2 FLOP per weight)": flops / (2 * weights / parse_dtype(dtype).itemsize),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--article-only", action="store_true")
+    args = ap.parse_args()
+    console = Console()
+    console.print(table("The article's 13B example (illustrative inputs)", Article().figures()))
+    console.print(table("The article's edge example: 3B at 100 GB/s", edge_figures()))
+    if not args.article_only:
+        console.print(table(f"{args.model} on this machine ({args.device}, {args.dtype})",
+                            machine_figures(args.model, args.dtype, args.device)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The capacity lesson, computed: how many sequences fit when reserving vs paging."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from common import roofline
+from common.config import ModelConfig
+from common.loader import parse_dtype
+from common.paths import resolve_model
+
+from .engine import parse_memory
+
+
+def capacity(per_token: int, budget: float, max_len: int, avg_len: int, block_size: int) -> dict:
+    return {
+        "KV bytes per token": per_token, "KV budget bytes": int(budget),
+        "max length (reserved per request)": max_len, "bytes per reservation": max_len * per_token,
+        "sequences that fit, reserving": roofline.seqs_reserving(budget, max_len, per_token),
+        "average length": avg_len, "block size": block_size,
+        "sequences that fit, paged": roofline.seqs_paged(budget, avg_len, per_token, block_size),
+    }
+
+
+def print_capacity(console: Console, args: argparse.Namespace, avg_len: int = 160) -> None:
+    article = roofline.Article()
+    rows = {"article 13B, 46 GB": capacity(roofline.kv_bytes_per_token(40, 40, 128, 2), article.cache_budget,
+                                           2048, 400, 16)}
+    config = ModelConfig.from_folder(resolve_model(args.model))
+    per_token = config.kv_bytes_per_token(parse_dtype(args.dtype).itemsize)
+    max_len = args.max_model_len or min(config.max_position_embeddings, 2048)
+    budget = parse_memory(args.kv_memory, torch.device(args.device))
+    rows[f"{args.model}, {args.kv_memory}"] = capacity(per_token, budget, max_len, avg_len, args.block_size)
+    table = Table(title="Capacity: reserve the maximum length, or page at the average length")
+    table.add_column("figure")
+    for name in rows:
+        table.add_column(name, justify="right")
+    for label in next(iter(rows.values())):
+        table.add_row(label, *(f"{r[label]:,}" for r in rows.values()))
+    console.print(table)

@@ -1,0 +1,140 @@
+"""Stage 03: paged KV cache. Memory is held per block as tokens arrive, not per slot up front.
+
+What changes from stage 02: the KV pool is a fixed number of blocks sized from a
+memory budget; a `BlockManager` hands them out; the `Scheduler` admits requests
+while blocks allow (not while slots allow), preempts when they run out, shares
+cached prefix blocks, and splits long prompts into chunks under a per-step token
+budget. The engine loop still reads schedule -> run -> postprocess.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+
+import torch
+
+from common.runner import ModelRunner
+from common.sequence import Sequence
+
+from .block_manager import BlockManager
+from .paged_cache import PagedKVCache
+from .scheduler import Scheduler
+
+continuous = importlib.import_module("stages.02_continuous_batch")
+
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_memory(value: str | int | float | None, device: torch.device) -> int | None:
+    """'96MiB', '2GB', 123456 (bytes), or a fraction in (0, 1] of free memory (CUDA) / available RAM."""
+    if value is None or isinstance(value, int):
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", text)
+    if not match or match.group(2) not in UNITS:
+        raise ValueError(f"KV memory {value!r} not understood: use bytes (123456), '96MiB', '2GB' or a fraction like 0.5")
+    number, unit = float(match.group(1)), match.group(2)
+    if unit == "" and 0 < number <= 1 and "." in text:
+        free = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
+                else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        return int(number * free)
+    return int(number * UNITS[unit])
+
+
+class LLM(continuous.LLM):
+    cache_class = PagedKVCache  # stage 04 swaps in one that runs Triton kernels on CUDA
+
+    def __init__(self, model: str = "smollm2-135m", *, block_size: int = 16,
+                 kv_cache_memory: str | int | float | None = None, max_num_batched_tokens: int = 512,
+                 enable_prefix_caching: bool = True, **kwargs):
+        super().__init__(model, **kwargs)
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} must be >= 1 (16 is the usual choice)")
+        if max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= max_num_seqs="
+                             f"{self.max_num_seqs}, or some running requests could never decode")
+        per_block = block_size * self.config.kv_bytes_per_token(self.dtype.itemsize)
+        # Default budget: what stage 02 reserves for max_num_seqs slots of max_model_len tokens.
+        budget = parse_memory(kv_cache_memory, self.device)
+        if budget is None:
+            budget = self.max_num_seqs * self.max_model_len * per_block // block_size
+        if budget < per_block:
+            raise ValueError(f"KV memory budget of {budget:,} bytes holds no block: one block of {block_size} "
+                             f"tokens needs {per_block:,} bytes; raise kv_cache_memory to at least that")
+        self.block_size, self.max_num_batched_tokens = block_size, max_num_batched_tokens
+        self.enable_prefix_caching = enable_prefix_caching
+        self.kv_budget_bytes = budget
+        self.block_manager = BlockManager(budget // per_block, block_size)
+        self.cache = self.cache_class(self.config, self.block_manager.num_blocks, block_size, self.dtype, self.device)
+        self.runner = ModelRunner(self.model)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_manager.num_blocks * self.block_size
+
+    def make_sequence(self, prompt, params) -> Sequence:
+        seq = super().make_sequence(prompt, params)
+        cap = self.kv_capacity_tokens
+        if seq.num_prompt_tokens > cap:
+            raise ValueError(f"the prompt has {seq.num_prompt_tokens} tokens but the whole KV pool holds {cap} "
+                             f"({self.block_manager.num_blocks} blocks of {self.block_size}): shorten the prompt "
+                             f"or raise kv_cache_memory")
+        need = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
+        if need > cap:
+            raise ValueError(f"the prompt ({seq.num_prompt_tokens} tokens) plus max_tokens ({seq.params.max_tokens}) "
+                             f"can need {need} tokens of KV but the whole pool holds {cap}: lower max_tokens to at "
+                             f"most {cap - seq.num_prompt_tokens} or raise kv_cache_memory")
+        return seq
+
+    def _run(self, seqs: list[Sequence]) -> None:
+        self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_num_batched_tokens,
+                                   self.enable_prefix_caching)
+        for seq in seqs:
+            self.scheduler.add(seq)
+        self.block_timeline: list[int] = []  # blocks in use after each step
+        try:
+            while self.scheduler.has_work():
+                if not self.step():
+                    raise RuntimeError("the scheduler could not run anything: a request larger than the pool?")
+        finally:  # an exception must not leak blocks into the next call
+            self.scheduler.release_all()
+
+    def step(self) -> list[Sequence]:
+        """One engine iteration: schedule -> run -> postprocess. Returns the sequences that ran."""
+        scheduler, bm = self.scheduler, self.block_manager
+        preempted, hits, queried = scheduler.num_preemptions, bm.hit_tokens, bm.queried_tokens
+        batch, lens = scheduler.schedule()
+        if not batch:
+            return []
+        starts = [s.num_cached_tokens for s in batch]
+        self.cache.prepare(batch, lens)
+        tokens = self.runner.run(batch, lens, self.cache)
+        for seq, token in zip(batch, tokens):
+            if token is not None:
+                seq.append_token(token)
+        st = self.stats
+        st.preemptions += scheduler.num_preemptions - preempted
+        st.prefix_hit_tokens += bm.hit_tokens - hits
+        st.prefix_query_tokens += bm.queried_tokens - queried
+        self.record_paged_step(batch, lens, starts, tokens)
+        scheduler.postprocess(batch)
+        return batch
+
+    def record_paged_step(self, batch: list[Sequence], lens: list[int], starts: list[int],
+                          tokens: list[int | None]) -> None:
+        st, bm, scheduler = self.stats, self.block_manager, self.scheduler
+        st.steps += 1
+        st.slot_steps_available += self.max_num_seqs
+        st.slot_steps_used += len(batch)
+        for seq, n, start in zip(batch, lens, starts):
+            prefill = max(0, min(n, seq.num_prompt_tokens - start))
+            st.prefill_tokens += prefill
+            st.decode_tokens += n - prefill
+        st.peak_running = max(st.peak_running, len(scheduler.running))
+        per_token = self.config.kv_bytes_per_token(self.dtype.itemsize)
+        st.kv_bytes_reserved = max(st.kv_bytes_reserved, bm.num_used_blocks * self.block_size * per_token)
+        st.kv_bytes_used = max(st.kv_bytes_used, bm.filled_tokens(scheduler.running) * per_token)
+        self.block_timeline.append(bm.num_used_blocks)
+        self.timeline.append([s.index for s in batch] + [None] * (self.max_num_seqs - len(batch)))
+        self._advance(sum(t is not None for t in tokens))

@@ -1,0 +1,18 @@
+"""python -m stages.04_kernels [--compare] [--gpu-check]: stage 04 (fused kernels on CUDA), says which path ran."""
+import importlib
+import sys
+
+from rich.console import Console
+
+from common.cli import parser, run
+
+if __name__ == "__main__":
+    ap = parser(__doc__)
+    ap.add_argument("--gpu-check", action="store_true", help="kernel tests, timings and stage 03 vs 04 on CUDA")
+    args = ap.parse_args()
+    if args.gpu_check:
+        sys.exit(importlib.import_module("stages.04_kernels.gpu_check").main())
+    from .model import kernels_available
+    import torch
+    Console().print(f"[bold]stage 04 path:[/] {kernels_available(torch.device(args.device))[1]}")
+    run(["stages.03_paged_kv", "stages.04_kernels"] if args.compare else ["stages.04_kernels"], args)

@@ -1,0 +1,23 @@
+"""Stage 04: stage 03's engine with its hot operations as fused Triton kernels.
+
+Nothing about scheduling, paging or caching changes: the model's element-wise
+operations (`KernelLlama`) and the KV cache's write and decode attention
+(`KernelPagedCache`) run as kernels on CUDA, and as stage 03's torch code on CPU.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .kernel_cache import KernelPagedCache
+from .model import KernelLlama
+
+paged = importlib.import_module("stages.03_paged_kv")
+
+
+class LLM(paged.LLM):
+    model_class = KernelLlama
+    cache_class = KernelPagedCache
+
+    @property
+    def execution_path(self) -> str:
+        return self.model.path

@@ -1,0 +1,67 @@
+"""Stage 03's paged cache, with the KV write and the decode attention as Triton kernels on CUDA.
+
+Per step, decoding sequences (one new token each) go through the paged decode kernel;
+sequences still prefilling keep stage 03's attention, computed for them alone. Each
+sequence's result depends only on itself either way, so the split changes no result.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from common.invariant import AttentionMetadata, attention, key_tiles_len
+from common.sequence import Sequence
+
+from .model import kernels_available
+
+paged = importlib.import_module("stages.03_paged_kv")
+
+
+class KernelPagedCache(paged.PagedKVCache):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.use_kernels, _ = kernels_available(self.k.device)
+        if self.use_kernels:
+            from . import elementwise, paged_attention
+            self.elementwise, self.paged_attention = elementwise, paged_attention
+
+    def prepare(self, seqs: list[Sequence], query_lens: list[int]) -> None:
+        super().prepare(seqs, query_lens)
+        if not self.use_kernels:
+            return
+        dev, c = self.k.device, self.config
+        starts = torch.tensor([0] + query_lens).cumsum(0).tolist()
+        decode = [i for i, n in enumerate(query_lens) if n == 1]
+        prefill = [i for i, n in enumerate(query_lens) if n > 1]
+        self.decode_rows = torch.tensor([starts[i] for i in decode], dtype=torch.long, device=dev)
+        self.prefill_rows = torch.tensor([r for i in prefill for r in range(starts[i], starts[i + 1])],
+                                         dtype=torch.long, device=dev)
+        ctx = [seqs[i].num_cached_tokens + 1 for i in decode]
+        self.decode_max_ctx = max(ctx, default=0)
+        width = max((len(seqs[i].block_table) for i in decode), default=1)
+        tables = torch.zeros(len(decode), width, dtype=torch.int32)
+        for row, i in enumerate(decode):
+            tables[row, :len(seqs[i].block_table)] = torch.tensor(seqs[i].block_table, dtype=torch.int32)
+        self.decode_tables, self.decode_ctx = tables.to(dev), torch.tensor(ctx, dtype=torch.int32, device=dev)
+        self.prefill_meta = None
+        if prefill:  # stage 03's attention for the prefilling sequences alone
+            sub = [self.meta.key_index.view(len(seqs), c.num_key_value_heads, -1)[i] for i in prefill]
+            p_ctx = [seqs[i].num_cached_tokens + query_lens[i] for i in prefill]
+            key_index = torch.stack(sub)[:, :, :key_tiles_len(p_ctx)].reshape(-1, key_tiles_len(p_ctx))
+            self.prefill_meta = AttentionMetadata.build([query_lens[i] for i in prefill], p_ctx,
+                                                        c.num_attention_heads, c.num_key_value_heads, key_index)
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not self.use_kernels:
+            return super().__call__(layer, q, k, v)
+        kc, vc = self.k[layer], self.v[layer]
+        self.elementwise.store_kv(k, v, kc, vc, self.slot_mapping)
+        out = torch.empty_like(q)
+        if self.decode_rows.numel():
+            out[self.decode_rows] = self.paged_attention.paged_decode_attention(
+                q[self.decode_rows], kc, vc, self.decode_tables, self.decode_ctx, self.decode_max_ctx)
+        if self.prefill_meta is not None:
+            d = self.config.head_dim
+            out[self.prefill_rows] = attention(q[self.prefill_rows], kc.view(-1, d), vc.view(-1, d), self.prefill_meta)
+        return out

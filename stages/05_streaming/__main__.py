@@ -1,0 +1,46 @@
+"""python -m stages.05_streaming [demo | serve --host H --port P | load --clients N]
+
+demo: chat requests streaming side by side; serve: the OpenAI-compatible server;
+load: N concurrent streaming clients against the server, with TTFT/TPOT percentiles."""
+import argparse
+
+from rich.console import Console
+
+from .engine import LLM
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("command", nargs="?", default="demo", choices=["demo", "serve", "load"])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--kv-memory", default=None, help="KV budget: '256MiB', bytes, or a fraction of free memory")
+    ap.add_argument("--max-waiting", type=int, default=256, help="queue length past which requests get 503")
+    ap.add_argument("--max-tokens", type=int, default=96, help="demo and load: tokens per answer")
+    ap.add_argument("--clients", type=int, default=16, help="load: concurrent streaming clients")
+    ap.add_argument("--num-requests", type=int, default=64, help="load: requests in all")
+    args = ap.parse_args(argv)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+              max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory, max_waiting=args.max_waiting)
+    console = Console()
+    console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}")
+    if args.command == "serve":
+        from .server import serve
+        serve(llm, args.host, args.port, args.served_model_name or args.model)
+    elif args.command == "load":
+        from .load import load_run
+        load_run(llm, args.served_model_name or args.model, args.clients, args.num_requests, args.max_tokens, console)
+    else:
+        from .demo import run_demo
+        run_demo(llm, args.max_tokens, console)
+    llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()

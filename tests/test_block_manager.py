@@ -1,0 +1,127 @@
+"""A state machine over the block manager: allocate, grow, share a prefix, finish, preempt, evict.
+
+A shadow copy of what each block holds (written as the engine would write KV) is the
+oracle: whatever a sequence reads through its block table must be its own tokens.
+"""
+import importlib
+
+import torch
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from common import SamplingParams, Sequence
+
+BlockManager = importlib.import_module("stages.03_paged_kv").BlockManager
+BLOCK_SIZE, NUM_BLOCKS = 4, 14
+SYSTEM_PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 50, 60, 70, 80]]  # share their first block
+tokens = st.lists(st.integers(1, 99), min_size=1, max_size=12)
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE)
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.written: dict[tuple[int, int], int] = {}  # (block, offset) -> token whose KV is there
+
+    def write(self, seq: Sequence, n: int) -> None:
+        """What a step does: allocate room, write n tokens' KV, mark them cached, share full blocks."""
+        self.bm.append_slots(seq, n)
+        for p in range(seq.num_cached_tokens, seq.num_cached_tokens + n):
+            self.written[seq.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE] = seq.token_ids[p]
+        seq.num_cached_tokens += n
+        self.bm.commit(seq)
+
+    @rule(system=st.sampled_from(SYSTEM_PROMPTS + [[]]), tail=tokens)
+    def new_request(self, system, tail):
+        self.waiting.append(Sequence(system + tail, SamplingParams(max_tokens=99), 0, torch.device("cpu")))
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), tail=tokens)
+    def fork_a_running_prefix(self, data, tail):
+        parent = data.draw(st.sampled_from(self.running))
+        cut = data.draw(st.integers(1, len(parent)))
+        self.waiting.append(Sequence(parent.token_ids[:cut] + tail, SamplingParams(max_tokens=99), 0,
+                                     torch.device("cpu")))
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data())
+    def admit(self, data):
+        seq = data.draw(st.sampled_from(self.waiting))
+        prefix = self.bm.cached_prefix(seq)
+        for i, block_id in enumerate(prefix):  # a hit must hold exactly this sequence's tokens
+            for off in range(BLOCK_SIZE):
+                assert self.written[block_id, off] == seq.token_ids[i * BLOCK_SIZE + off]
+        n = len(seq) - len(prefix) * BLOCK_SIZE
+        if not self.bm.can_allocate(seq, n, prefix):
+            return
+        self.waiting.remove(seq)
+        self.bm.allocate(seq, prefix)
+        self.write(seq, n)
+        self.running.append(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), token=st.integers(1, 99))
+    def decode(self, data, token):
+        seq = data.draw(st.sampled_from(self.running))
+        seq.output_token_ids.append(token)
+        if self.bm.can_append(seq, 1):
+            self.write(seq, 1)
+        else:  # out of blocks: preempt it (recomputed later), as the scheduler would
+            self.bm.free_sequence(seq)
+            self.running.remove(seq)
+            self.waiting.append(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def finish(self, data):
+        seq = data.draw(st.sampled_from(self.running))
+        self.bm.free_sequence(seq)
+        self.running.remove(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def preempt(self, data):
+        seq = data.draw(st.sampled_from(self.running))
+        self.bm.free_sequence(seq)
+        self.running.remove(seq)
+        self.waiting.append(seq)
+
+    @invariant()
+    def free_and_used_partition_the_pool(self):
+        for block in self.bm.blocks:
+            assert (block.ref_count == 0) == (block.block_id in self.bm.free)
+
+    @invariant()
+    def reference_counts_equal_holders(self):
+        holders = [0] * NUM_BLOCKS
+        for seq in self.running:
+            assert len(set(seq.block_table)) == len(seq.block_table)
+            assert len(seq.block_table) == -(-seq.num_cached_tokens // BLOCK_SIZE)
+            for b in seq.block_table:
+                holders[b] += 1
+        assert holders == [b.ref_count for b in self.bm.blocks]
+        for b in self.bm.blocks:  # sharing only ever happens through the cache, on full blocks
+            assert b.ref_count <= 1 or (b.hash is not None and len(b.token_ids) == BLOCK_SIZE)
+
+    @invariant()
+    def every_sequence_reads_its_own_tokens(self):
+        for seq in self.running:
+            for p in range(seq.num_cached_tokens):
+                assert self.written[seq.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE] == seq.token_ids[p]
+
+    @invariant()
+    def cache_index_points_at_matching_blocks(self):
+        for h, block_id in self.bm.cached.items():
+            assert self.bm.blocks[block_id].hash == h
+
+    def teardown(self):
+        for seq in self.running:
+            self.bm.free_sequence(seq)
+        assert self.bm.num_free_blocks == NUM_BLOCKS
+        assert all(b.ref_count == 0 for b in self.bm.blocks)
+
+
+BlockManagerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestBlockManager = BlockManagerMachine.TestCase

@@ -1,0 +1,188 @@
+"""Stage 03 against the reference: same tokens under small KV budgets (preemption), shared prefixes
+(prefix caching) and chunked prefill; KV accounting; bad input."""
+import importlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from common import ReferenceLLM, SamplingParams
+from workloads import TINY_VOCAB, sampling_params
+
+paged = importlib.import_module("stages.03_paged_kv")
+TINY_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2  # layers x KV heads x head size x bf16, keys and values
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return ReferenceLLM("tiny", dtype="bfloat16")
+
+
+@st.composite
+def shared_prefix_workloads(draw, max_requests=8):
+    """Prompts that often start with one of two shared prefixes (a system prompt, a few-shot header)."""
+    tokens = st.integers(3, TINY_VOCAB - 1)
+    prefixes = [draw(st.lists(tokens, min_size=0, max_size=70)) for _ in range(2)]
+    n = draw(st.integers(1, max_requests))
+    prompts = []
+    for _ in range(n):
+        head = draw(st.sampled_from(prefixes + [[]]))
+        tail = draw(st.lists(tokens, min_size=0 if head else 1, max_size=60))
+        prompts.append(head + tail if head + tail else [7])
+    if draw(st.booleans()) and n > 1:
+        prompts[-1] = list(prompts[0])  # the same prompt twice: fully cached the second time
+    return prompts, [draw(sampling_params()) for _ in range(n)]
+
+
+@settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(workload=shared_prefix_workloads(), block_size=st.sampled_from([1, 4, 16]),
+       spare_blocks=st.integers(0, 30), max_num_seqs=st.integers(1, 6), token_budget=st.integers(0, 64),
+       prefix_caching=st.booleans())
+def test_same_tokens_as_reference(reference, workload, block_size, spare_blocks, max_num_seqs, token_budget,
+                                  prefix_caching):
+    prompts, params = workload
+    # The pool always fits the largest single request, and often little more: preemption.
+    need = max(-(-(len(p) + sp.max_tokens) // block_size) for p, sp in zip(prompts, params))
+    llm = paged.LLM("tiny", block_size=block_size, kv_cache_memory=(need + spare_blocks) * block_size *
+                    TINY_BYTES_PER_TOKEN, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_seqs + token_budget, enable_prefix_caching=prefix_caching)
+    expected = reference.generate(prompts, params)
+    got = llm.generate(prompts, params)
+    for e, g in zip(expected, got):
+        assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)
+    bm = llm.block_manager
+    assert bm.num_free_blocks == bm.num_blocks  # every block back in the pool
+    assert all(b.ref_count == 0 for b in bm.blocks)
+    # Run again on the warm cache: prefix hits must not change a token either.
+    again = llm.generate(prompts, params)
+    assert [g.token_ids for g in again] == [e.token_ids for e in expected]
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_preemption_happens_and_is_recomputed_exactly(reference):
+    prompts = [[11 + i] * 30 for i in range(6)]
+    params = SamplingParams(temperature=0.9, seed=3, max_tokens=40, ignore_eos=True)
+    llm = paged.LLM("tiny", block_size=4, kv_cache_memory=24 * 4 * TINY_BYTES_PER_TOKEN, max_num_seqs=6)
+    got = llm.generate(prompts, params)
+    assert llm.stats.preemptions > 0
+    assert [g.token_ids for g in got] == [e.token_ids for e in reference.generate(prompts, params)]
+
+
+def test_shared_system_prompt_hits_the_cache(reference):
+    system = list(range(100, 180))  # 80 tokens: five full blocks of 16
+    prompts = [system + [300 + i, 400 + i] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=5)
+    llm = paged.LLM("tiny", max_num_seqs=2)
+    got = llm.generate(prompts, params)
+    assert [g.token_ids for g in got] == [e.token_ids for e in reference.generate(prompts, params)]
+    # The first two are admitted together and compute the prefix; the other four reuse it.
+    assert llm.stats.prefix_hit_tokens == 4 * 80
+    assert llm.stats.prefix_query_tokens == 6 * 82
+    assert llm.stats.prefill_tokens == 2 * 82 + 4 * 2
+
+
+def test_fully_cached_prompt_still_computes_its_last_token(reference):
+    prompt = list(range(200, 232))  # exactly two blocks
+    params = SamplingParams(temperature=0, max_tokens=4)
+    llm = paged.LLM("tiny")
+    first = llm.generate([prompt], params)[0]
+    second = llm.generate([prompt], params)[0]
+    assert llm.stats.prefix_hit_tokens == 16  # one block: the second holds the last token, recomputed
+    assert llm.stats.prefill_tokens == 16
+    assert first.token_ids == second.token_ids == reference.generate([prompt], params)[0].token_ids
+
+
+def test_evicted_blocks_are_not_hit_again(reference):
+    """Stale hash entries: once a free cached block is reused, its old prefix must miss."""
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    a, b = list(range(10, 42)), list(range(500, 532))
+    llm = paged.LLM("tiny", block_size=16, kv_cache_memory=3 * 16 * TINY_BYTES_PER_TOKEN, max_num_seqs=1)
+    llm.generate([a], params)
+    llm.generate([b], params)  # needs all three blocks: evicts a's
+    got = llm.generate([a], params)[0]
+    assert llm.stats.prefix_hit_tokens == 0
+    assert got.token_ids == reference.generate([a], params)[0].token_ids
+
+
+def test_hash_collisions_are_caught_by_comparing_tokens(reference):
+    prompts = [list(range(10, 50)), list(range(60, 100))]  # different first blocks
+    params = SamplingParams(temperature=0, max_tokens=4)
+    llm = paged.LLM("tiny", max_num_seqs=1)
+    llm.block_manager.hash_fn = lambda parent, tokens: b"same"  # every block collides
+    got = llm.generate(prompts, params)
+    assert llm.stats.prefix_hit_tokens == 0
+    assert [g.token_ids for g in got] == [e.token_ids for e in reference.generate(prompts, params)]
+
+
+def test_chunked_prefill_interleaves_with_decodes():
+    llm = paged.LLM("tiny", max_num_seqs=4, max_num_batched_tokens=8)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    llm.generate([[5, 6], [9] * 100], params)
+    # The long prompt needs ceil(100 / 7) chunks next to the first request's decodes, not one 100-token step.
+    assert max(len(row) - row.count(None) for row in llm.timeline) == 2
+    assert llm.stats.steps >= 100 // 8
+
+
+def test_kv_waste_is_only_the_last_blocks_tail():
+    block_size = 16
+    prompts, params = [[5] * n for n in (30, 47, 3, 90)], SamplingParams(temperature=0, max_tokens=25, ignore_eos=True)
+    llm = paged.LLM("tiny", block_size=block_size, max_num_seqs=4, max_model_len=512)
+    llm.generate(prompts, params)
+    st = llm.stats
+    assert st.kv_bytes_reserved <= st.kv_bytes_used + st.peak_running * (block_size - 1) * TINY_BYTES_PER_TOKEN
+    stage02 = importlib.import_module("stages.02_continuous_batch").LLM("tiny", max_num_seqs=4, max_model_len=512)
+    stage02.generate(prompts, params)
+    assert stage02.stats.kv_waste > 0.5 > 0.2 > st.kv_waste
+
+
+def test_more_sequences_in_flight_than_stage_02_under_the_same_budget():
+    budget = 2 * 512 * TINY_BYTES_PER_TOKEN  # stage 02 fits two 512-token slots
+    prompts, params = [[5 + i] * 20 for i in range(12)], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    llm = paged.LLM("tiny", max_num_seqs=12, max_model_len=512, kv_cache_memory=budget)
+    llm.generate(prompts, params)
+    assert llm.stats.peak_running == 12
+    assert llm.kv_capacity_tokens == 1024
+
+
+def test_bad_requests_fail_alone(reference):
+    llm = paged.LLM("tiny", block_size=16, kv_cache_memory=4 * 16 * TINY_BYTES_PER_TOKEN)  # 64 tokens
+    good = SamplingParams(temperature=0, max_tokens=8)
+    outs = llm.generate([[5] * 10, [6] * 70, [7] * 60, [8] * 12], [good, good, good, {"temperature": -1}])
+    assert [o.finish_reason for o in outs] == ["length", "error", "error", "error"]
+    assert "whole KV pool holds 64" in outs[1].error and "max_tokens" in outs[2].error
+    assert "at most 4 " in outs[2].error and "temperature" in outs[3].error
+    assert outs[0].token_ids == reference.generate([[5] * 10], good)[0].token_ids
+    assert llm.block_manager.num_free_blocks == 4
+
+
+def test_budget_below_one_block_is_refused():
+    with pytest.raises(ValueError, match=r"needs 8,192 bytes"):
+        paged.LLM("tiny", block_size=16, kv_cache_memory="1KiB")
+    with pytest.raises(ValueError, match="not understood"):
+        paged.LLM("tiny", kv_cache_memory="lots")
+
+
+def test_memory_budget_units():
+    import torch
+    cpu = torch.device("cpu")
+    assert paged.parse_memory("96MiB", cpu) == 96 * 2**20
+    assert paged.parse_memory("2GB", cpu) == 2 * 10**9
+    assert paged.parse_memory(4096, cpu) == 4096
+    assert 0 < paged.parse_memory("0.5", cpu) < paged.parse_memory("1.0", cpu)
+
+
+def test_real_model_shared_system_prompt():
+    ref = ReferenceLLM("smollm2-135m", dtype="bfloat16")
+    system = ("You are a concise assistant for a cooking website. Answer in one or two sentences, "
+              "mention one ingredient by name, and never give medical advice.")
+    prompts = [ref.tokenizer.apply_chat_template([{"role": "system", "content": system},
+                                                  {"role": "user", "content": q}])
+               for q in ["How do I boil an egg?", "What goes well with basil?", "Is rice gluten free?"]]
+    params = [SamplingParams(temperature=0, max_tokens=16), SamplingParams(temperature=0.7, seed=2, max_tokens=16),
+              SamplingParams(temperature=0, max_tokens=10)]
+    llm = paged.LLM("smollm2-135m", max_num_seqs=1, block_size=8, kv_cache_memory="4MiB")
+    got = llm.generate(prompts, params)
+    ids = [ref.tokenizer.encode(p) for p in prompts]
+    shared = next(i for i in range(len(ids[0])) if len({tuple(x[:i + 1]) for x in ids}) > 1)
+    assert shared > 30  # the system prompt
+    assert llm.stats.prefix_hit_tokens == 2 * (shared // 8 * 8)  # the later two reuse its full blocks
+    assert [g.token_ids for g in got] == [e.token_ids for e in ref.generate(prompts, params)]

@@ -1,0 +1,64 @@
+"""Stage 04: the reference's tokens on CPU (torch path), and the kernel path itself, interpreted."""
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from common import ReferenceLLM, SamplingParams
+from workloads import workloads
+
+kernels = importlib.import_module("stages.04_kernels")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return ReferenceLLM("tiny", dtype="bfloat16")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(workload=workloads(), max_num_seqs=st.integers(1, 6), kv_blocks=st.integers(0, 20))
+def test_same_tokens_as_reference_on_cpu(reference, workload, max_num_seqs, kv_blocks):
+    prompts, params = workload
+    need = max(-(-(len(p) + sp.max_tokens) // 16) for p, sp in zip(prompts, params))
+    llm = kernels.LLM("tiny", max_num_seqs=max_num_seqs, kv_cache_memory=(need + kv_blocks) * 16 * 512,
+                      max_num_batched_tokens=max_num_seqs + 32)
+    assert "torch path on cpu" in llm.execution_path
+    got, expected = llm.generate(prompts, params), reference.generate(prompts, params)
+    assert [(g.token_ids, g.finish_reason) for g in got] == [(e.token_ids, e.finish_reason) for e in expected]
+
+
+def test_kernel_path_end_to_end_interpreted(monkeypatch):
+    """The CUDA code path (fused norms, RoPE, SwiGLU, KV store, paged decode next to a prefill) run through the
+    Triton interpreter on the tiny model in float32 gives the reference's tokens."""
+    monkeypatch.setenv("STEPWISE_FORCE_KERNELS", "1")
+    llm = kernels.LLM("tiny", dtype="float32", max_num_seqs=2, max_num_batched_tokens=16)
+    assert llm.model.use_kernels and llm.cache.use_kernels
+    prompts = [[5, 6, 7], list(range(40, 70)), [900, 3]]  # the third joins while the first two decode
+    params = [SamplingParams(temperature=0, max_tokens=5), SamplingParams(temperature=0.9, seed=4, max_tokens=4),
+              SamplingParams(temperature=0, max_tokens=6)]
+    got = llm.generate(prompts, params)
+    monkeypatch.delenv("STEPWISE_FORCE_KERNELS")
+    expected = ReferenceLLM("tiny", dtype="float32").generate(prompts, params)
+    assert [g.token_ids for g in got] == [e.token_ids for e in expected]
+
+
+def test_command_line_says_which_path_it_took():
+    out = subprocess.run([sys.executable, "-m", "stages.04_kernels", "--toy"], cwd=ROOT, text=True,
+                         capture_output=True, timeout=300, env={**os.environ, "COLUMNS": "120"})
+    assert out.returncode == 0, out.stderr
+    assert "stage 04 path: torch path on cpu" in out.stdout
+    assert "04 kernels: 112 steps" in out.stdout
+
+
+def test_gpu_check_refuses_without_cuda():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: run the check itself")
+    out = subprocess.run([sys.executable, "-m", "stages.04_kernels", "--gpu-check"], cwd=ROOT, text=True,
+                         capture_output=True, timeout=300)
+    assert out.returncode == 2 and "needs a CUDA device" in out.stdout

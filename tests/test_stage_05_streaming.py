@@ -1,0 +1,148 @@
+"""Stage 05's engine: streamed pieces add up to the reference's text; stop strings; cancellation; latency metrics."""
+import importlib
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from common import ReferenceLLM, SamplingParams
+from workloads import workloads
+
+streaming = importlib.import_module("stages.05_streaming")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return ReferenceLLM("tiny", dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    llm = streaming.LLM("tiny", max_num_seqs=4)
+    yield llm
+    llm.shutdown()
+
+
+def wait_until(condition, timeout=30.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(workload=workloads(max_requests=4, max_prompt=60), data=st.data())
+def test_stream_equals_generate_equals_reference(reference, engine, workload, data):
+    prompts, params = workload
+    for p, prompt in zip(params, prompts):  # a stop string taken from the text the request will produce
+        text = reference.generate([prompt], p)[0].text
+        if text.strip() and data.draw(st.booleans()):
+            i = data.draw(st.integers(0, len(text) - 1))
+            p.stop = [text[i:i + data.draw(st.integers(1, 4))]]
+    expected = reference.generate(prompts, params)
+    results = [None] * len(prompts)
+
+    def read(i):
+        chunks = list(engine.stream(prompts[i], params[i]))
+        results[i] = chunks
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    got = engine.generate(prompts, params)
+    for e, g, chunks, p in zip(expected, got, results, params):
+        streamed_text = "".join(c.text for c in chunks)
+        streamed_ids = [t for c in chunks for t in c.token_ids]
+        assert (streamed_ids, chunks[-1].finish_reason) == (e.token_ids, e.finish_reason)
+        assert streamed_text == g.text == e.text
+        assert g.token_ids == e.token_ids
+        assert all(c.finish_reason is None for c in chunks[:-1])
+        assert not any(s in streamed_text for s in p.stop)
+    assert wait_until(lambda: engine.block_manager.num_used_blocks == 0)
+
+
+def test_stop_string_spanning_tokens_is_not_emitted(reference, engine):
+    prompt, base = [40, 41, 42], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    full = reference.generate([prompt], base)[0]
+    pieces = [reference.tokenizer.decode([t]) for t in full.token_ids]
+    # A stop string made of the end of token 3 and the start of token 4.
+    k = next(i for i in range(2, len(pieces) - 1) if pieces[i] and pieces[i + 1])
+    stop = pieces[k][-1:] + pieces[k + 1][:1]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
+    chunks = list(engine.stream(prompt, params))
+    text = "".join(c.text for c in chunks)
+    expected = reference.generate([prompt], params)[0]
+    assert text == expected.text == full.text[:full.text.find(stop)]
+    assert chunks[-1].finish_reason == "stop" and stop not in text
+
+
+def test_utf8_and_leading_spaces_survive_streaming():
+    llm = streaming.LLM("smollm2-135m", max_num_seqs=2)
+    try:
+        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Say 'café crème' and 'naïve' "
+                                                     "and write one word in Japanese."}])
+        params = SamplingParams(temperature=0, max_tokens=40)
+        chunks = list(llm.stream(prompt, params))
+        text = "".join(c.text for c in chunks)
+        assert text == llm.tokenizer.decode([t for c in chunks for t in c.token_ids])
+        assert not any("\ufffd" in c.text for c in chunks)
+        assert any(c.text.startswith(" ") for c in chunks)  # byte-level BPE folds spaces into tokens
+        assert text == ReferenceLLM("smollm2-135m").generate([prompt], params)[0].text
+    finally:
+        llm.shutdown()
+
+
+def test_a_reader_that_stops_aborts_its_request_and_frees_its_blocks(reference, engine):
+    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    other_params = SamplingParams(temperature=0, max_tokens=25, ignore_eos=True)
+    other = engine.add_request([9, 8, 7], other_params)
+    it = engine.stream([5] * 40, long)
+    got = [next(it) for _ in range(3)]
+    assert all(c.finish_reason is None for c in got)
+    it.close()  # the client goes away
+    assert wait_until(lambda: not engine.scheduler.running and engine.block_manager.num_used_blocks == 0)
+    other_chunks = list(other)
+    assert [t for c in other_chunks for t in c.token_ids] == reference.generate([[9, 8, 7]], other_params)[0].token_ids
+    assert engine.metrics.finished.get("abort", 0) >= 1
+
+
+def test_latency_metrics(engine):
+    chunks = list(engine.stream([3, 4, 5], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)))
+    m = chunks[-1].metrics
+    assert len(m.token_times) == 12
+    assert 0 < m.time_to_first_token <= m.e2e_latency
+    gaps = [b - a for a, b in zip(m.token_times, m.token_times[1:])]
+    assert all(g >= 0 for g in gaps)
+    assert m.time_per_output_token == pytest.approx(sum(gaps) / len(gaps))
+    assert m.first_token_time == m.token_times[0] and m.finished_time >= m.token_times[-1]
+
+
+def test_requests_join_while_others_run(reference, engine):
+    prompts = [[11 + i] * (3 + 5 * i) for i in range(5)]
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=20, ignore_eos=True)
+    outputs = [None] * 5
+
+    def client(i):
+        time.sleep(0.05 * i)  # arrive one after another, mid-run
+        outputs[i] = [t for c in engine.stream(prompts[i], params) for t in c.token_ids]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert outputs == [e.token_ids for e in reference.generate(prompts, params)]
+
+
+def test_bad_request_fails_alone_at_submission(engine):
+    with pytest.raises(ValueError, match="temperature"):
+        engine.add_request([5, 6], {"temperature": -2})
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request([5] * 5000, SamplingParams())
+    chunks = list(engine.stream([5, 6], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)))
+    assert sum(len(c.token_ids) for c in chunks) == 3
