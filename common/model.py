@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from common.config import ModelConfig
-from common.invariant import ROW_TILE, linear, pad_rows
+from common.invariant import ROW_TILE, Linear, pad_rows
 
 
 class AttentionBackend(Protocol):
@@ -45,15 +45,15 @@ class Llama:
             p = f"model.layers.{i}."
             self.layers.append({
                 "attn_norm": w(p + "input_layernorm.weight"),
-                "qkv_t": torch.cat([w(p + f"self_attn.{x}_proj.weight") for x in "qkv"]).t().contiguous(),
-                "o_t": w(p + "self_attn.o_proj.weight").t().contiguous(),
+                "qkv": Linear(torch.cat([w(p + f"self_attn.{x}_proj.weight") for x in "qkv"])),
+                "o": Linear(w(p + "self_attn.o_proj.weight")),
                 "mlp_norm": w(p + "post_attention_layernorm.weight"),
-                "gate_up_t": torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).t().contiguous(),
-                "down_t": w(p + "mlp.down_proj.weight").t().contiguous(),
+                "gate_up": Linear(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])),
+                "down": Linear(w(p + "mlp.down_proj.weight")),
             })
         self.norm = w("model.norm.weight")
         head = self.embed if config.tie_word_embeddings else w("lm_head.weight")
-        self.lm_head_t = head.t().contiguous()
+        self.lm_head = Linear(head)
         d = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), inv_freq)
@@ -62,10 +62,11 @@ class Llama:
 
     @property
     def weight_bytes(self) -> int:
-        tensors = [self.embed, self.norm] + [t for layer in self.layers for t in layer.values()]
+        """Bytes of weights one decode step reads (the tied LM head counts once)."""
+        parts = [self.embed, self.norm] + [t for layer in self.layers for t in layer.values()]
         if not self.config.tie_word_embeddings:
-            tensors.append(self.lm_head_t)
-        return sum(t.numel() * t.element_size() for t in tensors)
+            parts.append(self.lm_head)
+        return sum(t.nbytes for t in parts)
 
     # ---- the element-wise operations stage 04 replaces with fused kernels ----------------
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor):
@@ -93,14 +94,14 @@ class Llama:
         h, residual = pad_rows(self.embed[input_ids]), None
         for i, layer in enumerate(self.layers):
             h, residual = self.add_rms_norm(h, residual, layer["attn_norm"])
-            qkv = linear(h, layer["qkv_t"])[:tokens]
+            qkv = layer["qkv"](h)[:tokens]
             q = qkv[:, : nq * d].view(tokens, nq, d)
             k = qkv[:, nq * d: (nq + nkv) * d].view(tokens, nkv, d)
             v = qkv[:, (nq + nkv) * d:].reshape(tokens, nkv, d)
             q, k = self.apply_rope(q, k, positions)
             o = attention(i, q, k, v).reshape(tokens, nq * d)
-            h, residual = self.add_rms_norm(linear(pad_rows(o), layer["o_t"]), residual, layer["mlp_norm"])
-            h = linear(self.swiglu(linear(h, layer["gate_up_t"])), layer["down_t"])
+            h, residual = self.add_rms_norm(layer["o"](pad_rows(o)), residual, layer["mlp_norm"])
+            h = layer["down"](self.swiglu(layer["gate_up"](h)))
         h, _ = self.add_rms_norm(h, residual, self.norm)
         return h[:tokens]
 
@@ -108,7 +109,7 @@ class Llama:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [rows, vocab] for the given hidden rows (usually each sequence's last)."""
         rows = hidden.shape[0]
-        return linear(pad_rows(hidden), self.lm_head_t)[:rows].float()
+        return self.lm_head(pad_rows(hidden))[:rows].float()
 
 
 __all__ = ["Llama", "AttentionBackend", "ROW_TILE"]

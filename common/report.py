@@ -38,7 +38,7 @@ def summary_row(stats: EngineStats, outputs: list[RequestOutput], max_num_seqs: 
 
 
 def format_value(metric: str, v) -> str:
-    if metric in ("slot util", "KV waste", "prefix hit rate"):
+    if metric in ("slot util", "KV waste", "prefix hit rate", "bandwidth use", "compute use"):
         return f"{v:.1%}"
     return f"{v:,.2f}" if isinstance(v, float) else f"{v:,}"
 

@@ -58,7 +58,8 @@ def test_stream_equals_generate_equals_reference(reference, engine, workload, da
     for e, g, chunks, p in zip(expected, got, results, params):
         streamed_text = "".join(c.text for c in chunks)
         streamed_ids = [t for c in chunks for t in c.token_ids]
-        assert (streamed_ids, chunks[-1].finish_reason) == (e.token_ids, e.finish_reason)
+        assert (streamed_ids, chunks[-1].finish_reason) == (e.token_ids, e.finish_reason), \
+            (chunks[-1].error, p, [c.finish_reason for c in chunks])
         assert streamed_text == g.text == e.text
         assert g.token_ids == e.token_ids
         assert all(c.finish_reason is None for c in chunks[:-1])

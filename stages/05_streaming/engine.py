@@ -14,6 +14,7 @@ import itertools
 import queue
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -151,6 +152,7 @@ class LLM(kernels.LLM):
             try:
                 batch = self.step()
             except Exception as e:  # noqa: BLE001 - fail the requests in flight, keep serving
+                traceback.print_exc()
                 self._fail_all(f"engine error: {type(e).__name__}: {e}")
                 continue
             for seq in batch:

@@ -1,0 +1,92 @@
+"""What a learner would otherwise use, run on the same workload: HF `generate`, and llama.cpp.
+
+* `hf_generate`: `transformers` on the same prepared checkpoint folder (dense weights, same
+  dtype), left-padded static batches in arrival order, greedy, `max_new_tokens` per batch.
+* `llama_cpp`: `llama-cpp-python` on the same GGUF file (its own 4-bit weights), one request
+  after another, the way a script calls it. Optional: it compiles from source (minutes).
+
+Each returns the summary row the stages' table uses, with the same definitions: output
+tokens count up to and including EOS, TTFT from the start of the run (all requests arrive
+at once), TPOT as the mean gap between a request's tokens.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from common.report import percentile
+
+Row = dict
+
+
+def row(name: str, n: int, prompt_tokens: int, output_tokens: int, wall: float, ttft: list[float],
+        tpot: list[float], steps: int | None = None) -> Row:
+    return {"engine": name, "requests": n, "prompt tokens": prompt_tokens, "output tokens": output_tokens,
+            "wall s": wall, "output tok/s": output_tokens / wall, "steps": steps or 0,
+            "TTFT p50 s": percentile(ttft, 50), "TTFT p99 s": percentile(ttft, 99),
+            "TPOT p50 ms": 1e3 * percentile(tpot, 50)}
+
+
+def hf_generate(folder, prompts: list[list[int]], max_tokens: list[int], eos: int, batch_size: int,
+                dtype: torch.dtype) -> Row:
+    from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+
+    class StepClock(StoppingCriteria):  # called once per generated token: a timestamp per step
+        def __call__(self, input_ids, scores, **kwargs):
+            times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    start = time.perf_counter()
+    out_tokens, ttft, tpot, steps = 0, [], [], 0
+    for b in range(0, len(prompts), batch_size):
+        batch = prompts[b:b + batch_size]
+        width = max(map(len, batch))
+        ids = torch.tensor([[eos] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        limit = max(max_tokens[b:b + batch_size])
+        times: list[float] = []
+        with torch.inference_mode():
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=limit, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=eos, stopping_criteria=StoppingCriteriaList([StepClock()]))
+        steps += len(times)
+        for i, seq in enumerate(gen[:, width:].tolist()):
+            n = min(max_tokens[b + i], seq.index(eos) + 1 if eos in seq else len(seq))
+            out_tokens += n
+            ttft.append(times[0] - start)
+            if n > 1:
+                tpot.append((times[n - 1] - times[0]) / (n - 1))
+    wall = time.perf_counter() - start
+    return row(f"HF generate (batch {batch_size})", len(prompts), sum(map(len, prompts)), out_tokens, wall, ttft,
+               tpot, steps)
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def llama_cpp(gguf_path, prompts: list[list[int]], max_tokens: list[int], threads: int) -> Row:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf_path), n_ctx=4096, n_threads=threads, n_batch=512, verbose=False)
+    start = time.perf_counter()
+    out_tokens, ttft, tpot = 0, [], []
+    for prompt, limit in zip(prompts, max_tokens):
+        times = []
+        for _ in llm.create_completion(prompt, max_tokens=limit, temperature=0.0, stream=True):
+            times.append(time.perf_counter())
+        n = len(times)
+        out_tokens += n
+        if times:
+            ttft.append(times[0] - start)
+        if n > 1:
+            tpot.append((times[-1] - times[0]) / (n - 1))
+        llm.reset()
+    wall = time.perf_counter() - start
+    return row("llama.cpp (one at a time)", len(prompts), sum(map(len, prompts)), out_tokens, wall, ttft, tpot)
