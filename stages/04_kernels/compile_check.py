@@ -39,9 +39,8 @@ def kernel_specs(dtype: str = "bf16", head_dim: int = 64, group: int = 3, kv_hea
             {"GROUP": group, "NUM_KV_HEADS": kv_heads, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size,
              "SPLIT": pa.SPLIT_SIZE, "BLOCK_N": pa.BLOCK_N, "BLOCK_G": pa.BLOCK_G,
              "BLOCK_D": max(16, triton.next_power_of_2(head_dim))}),
-        "paged_decode_merge": (pa._merge_kernel, {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "ctx_ptr": "*i32",
-                               "out_ptr": p, "max_splits": "i32"},
-                               {"HEAD_DIM": head_dim, "SPLIT": pa.SPLIT_SIZE,
+        "paged_decode_merge": (pa._merge_kernel, {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": p},
+                               {"MAX_SPLITS": 8, "HEAD_DIM": head_dim,
                                 "BLOCK_D": max(16, triton.next_power_of_2(head_dim))}),
     }
 

@@ -44,10 +44,11 @@ def _split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, ctx_ptr, part_o_p
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        end = tl.minimum(start + SPLIT, ctx)
-        for n0 in range(start, end, BLOCK_N):
-            toks = n0 + tl.arange(0, BLOCK_N)
-            tmask = toks < end
+        # A fixed trip count (bounds from loaded values break triton 3.6's interpreter); iterations past the
+        # context are fully masked, which leaves m, l and acc exactly as they were.
+        for n0 in range(0, SPLIT, BLOCK_N):
+            toks = start + n0 + tl.arange(0, BLOCK_N)
+            tmask = toks < ctx
             block = tl.load(tables_ptr + seq * max_blocks + toks // BLOCK_SIZE, mask=tmask, other=0)
             rows = (block * BLOCK_SIZE + toks % BLOCK_SIZE) * NUM_KV_HEADS + kv_head
             kv_mask = tmask[:, None] & dmask[None, :]
@@ -68,18 +69,17 @@ def _split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, ctx_ptr, part_o_p
 
 
 @triton.jit
-def _merge_kernel(part_o_ptr, part_lse_ptr, ctx_ptr, out_ptr, max_splits, HEAD_DIM: tl.constexpr,
-                  SPLIT: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, MAX_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
     seq, head, num_heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
-    n_splits = tl.cdiv(tl.load(ctx_ptr + seq), SPLIT)
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    row = (seq * num_heads + head) * max_splits
+    row = (seq * num_heads + head) * MAX_SPLITS
     m = tl.load(part_lse_ptr + row)
     acc = tl.load(part_o_ptr + row * HEAD_DIM + d, mask=dmask, other=0.0)
     total = 1.0
-    for i in range(1, n_splits):  # in order: the result depends only on this sequence
-        lse = tl.load(part_lse_ptr + row + i)
+    for i in range(1, MAX_SPLITS):  # in order; splits past this sequence's own are exact no-ops
+        lse = tl.load(part_lse_ptr + row + i)  # -inf (and o = 0) where the sequence has no such split
         o = tl.load(part_o_ptr + (row + i) * HEAD_DIM + d, mask=dmask, other=0.0)
         m_new = tl.maximum(m, lse)
         a, b = tl.exp(m - m_new), tl.exp(lse - m_new)
@@ -100,14 +100,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     group = heads // kv_heads
     assert group <= BLOCK_G and split_size % BLOCK_N == 0
     max_splits = triton.cdiv(max_context, split_size)
-    part_o = torch.empty(seqs, heads, max_splits, d, dtype=torch.float32, device=q.device)
-    part_lse = torch.empty(seqs, heads, max_splits, dtype=torch.float32, device=q.device)
+    # Splits a sequence does not have stay (lse -inf, output 0): merging them changes nothing.
+    part_o = torch.zeros(seqs, heads, max_splits, d, dtype=torch.float32, device=q.device)
+    part_lse = torch.full((seqs, heads, max_splits), float("-inf"), dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(d))
     _split_kernel[(seqs, kv_heads, max_splits)](
         q.contiguous(), k_cache, v_cache, block_tables, context_lens, part_o, part_lse, d ** -0.5,
         block_tables.shape[1], max_splits, GROUP=group, NUM_KV_HEADS=kv_heads, HEAD_DIM=d, BLOCK_SIZE=block_size,
         SPLIT=split_size, BLOCK_N=BLOCK_N, BLOCK_G=BLOCK_G, BLOCK_D=block_d)
     out = torch.empty_like(q)
-    _merge_kernel[(seqs, heads)](part_o, part_lse, context_lens, out, max_splits, HEAD_DIM=d, SPLIT=split_size,
-                                 BLOCK_D=block_d)
+    # MAX_SPLITS is a compile-time constant (a loop bound the triton 3.6 interpreter accepts): a few variants.
+    _merge_kernel[(seqs, heads)](part_o, part_lse, out, MAX_SPLITS=max_splits, HEAD_DIM=d, BLOCK_D=block_d)
     return out
