@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test setup model clean
+.PHONY: demo test bench setup model clean
 
 setup: $(DEPS)
 
@@ -28,6 +28,15 @@ demo: $(MODEL)
 
 test: $(MODEL)
 	$(BIN)/python -m pytest -q tests
+
+# The benchmark ladder with both baselines; llama-cpp-python compiles from source (about 8 minutes on
+# 2 cores). Its default native build crashed with "Illegal instruction" on the build machine (it enables
+# AMX, which the VM does not grant), so the SIMD flags are set explicitly: AVX2 runs on any recent x86.
+LLAMA_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+bench: $(MODEL)
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" \
+		$(BIN)/pip install -q --disable-pip-version-check --no-deps "llama-cpp-python==0.3.36" diskcache
+	$(BIN)/python -m stages
 
 clean:
 	rm -rf $(VENV)

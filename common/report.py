@@ -27,13 +27,14 @@ def summary_row(stats: EngineStats, outputs: list[RequestOutput], max_num_seqs: 
     ttft = [o.metrics.time_to_first_token for o in ok]
     tpot = [o.metrics.time_per_output_token for o in ok if o.metrics.time_per_output_token is not None]
     return {
-        "requests": len(ok), "output tokens": stats.output_tokens, "wall s": stats.wall_seconds,
+        "requests": len(ok), "prompt tokens": sum(o.num_prompt_tokens for o in ok),
+        "output tokens": stats.output_tokens, "wall s": stats.wall_seconds,
         "output tok/s": stats.output_tokens_per_s, "steps": stats.steps,
         "slots (max_num_seqs)": max_num_seqs or 0, "peak in flight": stats.peak_running,
         "slot util": stats.slot_utilization, "KV reserved MB": stats.kv_bytes_reserved / 1e6,
         "KV used MB": stats.kv_bytes_used / 1e6, "KV waste": stats.kv_waste,
         "preemptions": stats.preemptions, "prefix hit rate": stats.prefix_hit_rate,
-        "TTFT p50 s": percentile(ttft, 50), "TPOT p50 ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
+        "TTFT p50 s": percentile(ttft, 50), "TTFT p99 s": percentile(ttft, 99), "TPOT p50 ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
     }
 
 

@@ -55,6 +55,16 @@ def stage_row(module: str, args, prompts, params, bw: float, flops: float) -> di
     return r
 
 
+def single_request_decode(llm, prompt: list[int], bw: float, tokens: int = 64) -> dict:
+    """Decode speed of one request alone against the ceiling: bandwidth / weight bytes read per step."""
+    from common.sampling import SamplingParams
+    m = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))[0].metrics
+    rate = (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0])
+    ceiling = bw / llm.model.weight_bytes
+    return {"tokens": tokens, "decode tok/s": rate, "ceiling tok/s": ceiling, "of ceiling": rate / ceiling,
+            "weight MB": llm.model.weight_bytes / 1e6}
+
+
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     console = Console()
@@ -71,6 +81,7 @@ def main(argv=None) -> dict:
                                           llm0.config.vocab_size, system=workloads.SYSTEM_PROMPT if args.system_prompt
                                           else None)
     ids = [p if isinstance(p, list) else llm0.tokenizer.encode(p) for p in prompts]
+    alone = single_request_decode(llm0, ids[0], bw)
     del llm0
     console.print(f"[bold]ladder:[/] {args.workload}, {len(prompts)} requests, {sum(map(len, ids)):,} prompt tokens, "
                   f"{args.model}, {args.dtype}, {args.device}, {os.cpu_count()} CPUs, copy bandwidth "
@@ -117,11 +128,14 @@ def main(argv=None) -> dict:
         table.add_row(m, *(format_value(m, c[m]) if m in c else "-" for c in columns.values()))
     table.add_row("same tokens as first stage", *(("yes" if same[n] else "NO") if n in same else "-" for n in columns))
     console.print(table)
+    console.print(f"one request alone (reference, {alone['tokens']} tokens): decode {alone['decode tok/s']:.1f} tok/s = "
+                  f"{alone['of ceiling']:.0%} of the bandwidth ceiling ({alone['ceiling tok/s']:.1f} tok/s = "
+                  f"{bw / 1e9:.1f} GB/s / {alone['weight MB']:.0f} MB of weights per step)")
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
     result = {"workload": args.workload, "requests": len(prompts), "dtype": args.dtype, "device": args.device,
               "cpus": os.cpu_count(), "bandwidth_bytes_per_s": bw, "matmul_flops": flops, "date": time.strftime("%F"),
-              "engines": columns, "same_tokens": same, "notes": notes, "argv": argv}
+              "engines": columns, "same_tokens": same, "single_request": alone, "notes": notes, "argv": argv}
     path = args.json or f"bench-{args.workload}.json"
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)

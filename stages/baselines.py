@@ -23,7 +23,7 @@ Row = dict
 def row(name: str, n: int, prompt_tokens: int, output_tokens: int, wall: float, ttft: list[float],
         tpot: list[float], steps: int | None = None) -> Row:
     return {"engine": name, "requests": n, "prompt tokens": prompt_tokens, "output tokens": output_tokens,
-            "wall s": wall, "output tok/s": output_tokens / wall, "steps": steps or 0,
+            "wall s": wall, "output tok/s": output_tokens / wall, **({"steps": steps} if steps else {}),
             "TTFT p50 s": percentile(ttft, 50), "TTFT p99 s": percentile(ttft, 99),
             "TPOT p50 ms": 1e3 * percentile(tpot, 50)}
 
@@ -31,6 +31,9 @@ def row(name: str, n: int, prompt_tokens: int, output_tokens: int, wall: float, 
 def hf_generate(folder, prompts: list[list[int]], max_tokens: list[int], eos: int, batch_size: int,
                 dtype: torch.dtype) -> Row:
     from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
 
@@ -79,8 +82,10 @@ def llama_cpp(gguf_path, prompts: list[list[int]], max_tokens: list[int], thread
     out_tokens, ttft, tpot = 0, [], []
     for prompt, limit in zip(prompts, max_tokens):
         times = []
-        for _ in llm.create_completion(prompt, max_tokens=limit, temperature=0.0, stream=True):
-            times.append(time.perf_counter())
+        for chunk in llm.create_completion(prompt, max_tokens=limit, temperature=0.0, stream=True):
+            choice = chunk["choices"][0]
+            if choice["text"] or choice["finish_reason"] is None:  # the closing chunk carries no token
+                times.append(time.perf_counter())
         n = len(times)
         out_tokens += n
         if times:
