@@ -147,3 +147,23 @@ def test_bad_request_fails_alone_at_submission(engine):
         engine.add_request([5] * 5000, SamplingParams())
     chunks = list(engine.stream([5, 6], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)))
     assert sum(len(c.token_ids) for c in chunks) == 3
+
+
+def test_concurrent_first_requests_start_one_engine_loop(reference):
+    """Several clients arriving at once on a fresh engine: exactly one loop may run the scheduler."""
+    llm = streaming.LLM("tiny", max_num_seqs=4)
+    barrier, outputs = threading.Barrier(8), [None] * 8
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+    def client(i):
+        barrier.wait()
+        outputs[i] = [t for c in llm.stream([20 + i, 7], params) for t in c.token_ids]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert llm.loops_started == 1
+    assert outputs == [e.token_ids for e in reference.generate([[20 + i, 7] for i in range(8)], params)]
+    llm.shutdown()

@@ -89,6 +89,8 @@ class LLM(kernels.LLM):
         self._by_seq: dict[int, RequestStream] = {}  # by seq_id
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()  # two first requests must not start two engine loops
+        self.loops_started = 0
         self._stopping = False
 
     # ---- the caller's side (any thread) ---------------------------------------------------
@@ -118,11 +120,12 @@ class LLM(kernels.LLM):
         self._wakeup.set()
 
     def shutdown(self) -> None:
-        self._stopping = True
-        self._wakeup.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        with self._start_lock:
+            self._stopping = True
+            self._wakeup.set()
+            if self._thread is not None:
+                self._thread.join(timeout=30)
+                self._thread = None
 
     def _run(self, seqs: list[Sequence]) -> None:
         """`generate` on the background engine: submit every request, wait for all."""
@@ -137,10 +140,12 @@ class LLM(kernels.LLM):
 
     # ---- the engine's side (its own thread) ---------------------------------------------------
     def _start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._stopping = False
-            self._thread = threading.Thread(target=self._loop, name="stepwise-engine", daemon=True)
-            self._thread.start()
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(target=self._loop, name="stepwise-engine", daemon=True)
+                self._thread.start()
+                self.loops_started += 1
 
     def _loop(self) -> None:
         while not self._stopping:
