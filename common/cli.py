@@ -8,6 +8,7 @@ import inspect
 from rich.console import Console
 
 from common import workloads
+from common.loader import parse_memory
 from common.report import print_blocks, print_timeline, summary_row, summary_table
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
@@ -48,8 +49,7 @@ def make_llm(module: str, args: argparse.Namespace):
         return cls(args.model, **kw)
     llm = cls(args.model, **kw)
     if args.kv_memory is not None:
-        paged = importlib.import_module("stages.03_paged_kv")
-        budget = paged.parse_memory(args.kv_memory, llm.device)
+        budget = parse_memory(args.kv_memory, llm.device)
         per_slot = llm.max_model_len * llm.config.kv_bytes_per_token(llm.dtype.itemsize)
         if budget < per_slot:
             raise SystemExit(f"--kv-memory {args.kv_memory} holds no {llm.max_model_len}-token slot for {module}")

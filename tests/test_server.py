@@ -11,6 +11,7 @@ import pytest
 import uvicorn
 
 from common import ReferenceLLM, SamplingParams
+from workloads import wait_until
 
 openai = pytest.importorskip("openai")
 streaming = importlib.import_module("stages.05_streaming")
@@ -39,14 +40,6 @@ class Server:
         self.thread.join(10)
         self.llm.shutdown()
 
-
-def wait_until(condition, timeout=30.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture(scope="module")

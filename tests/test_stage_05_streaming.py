@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import workloads
+from workloads import wait_until, workloads
 
 streaming = importlib.import_module("stages.05_streaming")
 
@@ -23,14 +23,6 @@ def engine():
     yield llm
     llm.shutdown()
 
-
-def wait_until(condition, timeout=30.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -1,4 +1,6 @@
-"""Hypothesis strategies for workloads, shared by the stage tests."""
+"""Hypothesis strategies for workloads, and small helpers, shared by the stage tests."""
+import time
+
 from hypothesis import strategies as st
 
 from common import SamplingParams
@@ -26,3 +28,13 @@ def workloads(draw, max_requests=8, max_prompt=300):
     prompts = [draw(st.lists(st.integers(3, TINY_VOCAB - 1), min_size=1, max_size=max_prompt)) for _ in range(n)]
     params = [draw(sampling_params()) for _ in range(n)]
     return prompts, params
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` seconds pass (False): the engine runs in a thread."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False

@@ -9,10 +9,8 @@ from rich.table import Table
 
 from common import roofline
 from common.config import ModelConfig
-from common.loader import parse_dtype
+from common.loader import parse_dtype, parse_memory
 from common.paths import resolve_model
-
-from .engine import parse_memory
 
 
 def capacity(per_token: int, budget: float, max_len: int, avg_len: int, block_size: int) -> dict:

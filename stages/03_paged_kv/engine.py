@@ -9,11 +9,8 @@ budget. The engine loop still reads schedule -> run -> postprocess.
 from __future__ import annotations
 
 import importlib
-import os
-import re
 
-import torch
-
+from common.loader import parse_memory
 from common.runner import ModelRunner
 from common.sequence import Sequence
 
@@ -22,25 +19,6 @@ from .paged_cache import PagedKVCache
 from .scheduler import Scheduler
 
 continuous = importlib.import_module("stages.02_continuous_batch")
-
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
-def parse_memory(value: str | int | float | None, device: torch.device) -> int | None:
-    """'96MiB', '2GB', 123456 (bytes), or a fraction in (0, 1] of free memory (CUDA) / available RAM."""
-    if value is None or isinstance(value, int):
-        return value
-    text = str(value).strip().lower().replace(" ", "")
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", text)
-    if not match or match.group(2) not in UNITS:
-        raise ValueError(f"KV memory {value!r} not understood: use bytes (123456), '96MiB', '2GB' or a fraction like 0.5")
-    number, unit = float(match.group(1)), match.group(2)
-    if unit == "" and 0 < number <= 1 and "." in text:
-        free = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
-                else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        return int(number * free)
-    return int(number * UNITS[unit])
-
 
 class LLM(continuous.LLM):
     cache_class = PagedKVCache  # stage 04 swaps in one that runs Triton kernels on CUDA

@@ -31,14 +31,20 @@ class PagedKVCache:
 
     def prepare(self, seqs: list[Sequence], query_lens: list[int]) -> None:
         """Describe the next step: seq s writes query_lens[s] tokens after its cached ones."""
-        c, bs, dev = self.config, self.block_size, self.k.device
+        self.slot_mapping = self.write_slots(seqs, query_lens)
+        self.meta = self.attention_metadata(seqs, query_lens)
+
+    def write_slots(self, seqs: list[Sequence], query_lens: list[int]) -> torch.Tensor:
+        """The pool token row each new token's key and value go to: its block, then its offset in it."""
+        bs = self.block_size
+        return torch.tensor([seq.block_table[p // bs] * bs + p % bs for seq, n in zip(seqs, query_lens)
+                             for p in range(seq.num_cached_tokens, seq.num_cached_tokens + n)], device=self.k.device)
+
+    def attention_metadata(self, seqs: list[Sequence], query_lens: list[int]) -> AttentionMetadata:
+        """The attention's view of ``seqs``: their query rows, and their keys read through their block tables."""
+        c, bs = self.config, self.block_size
         kvh = c.num_key_value_heads
         context_lens = [s.num_cached_tokens + n for s, n in zip(seqs, query_lens)]
-        slots = []
-        for seq, n in zip(seqs, query_lens):
-            for p in range(seq.num_cached_tokens, seq.num_cached_tokens + n):
-                slots.append(seq.block_table[p // bs] * bs + p % bs)
-        self.slot_mapping = torch.tensor(slots, device=dev)
         # Key position p of sequence s lives in token row table[s][p // bs] * bs + p % bs of the pool;
         # positions past a table's end point at row 0 (finite, masked).
         key_len = key_tiles_len(context_lens)
@@ -49,7 +55,7 @@ class PagedKVCache:
         pos = torch.arange(key_len)
         token_rows = tables[:, pos // bs] * bs + pos % bs  # [seqs, key_len]
         key_index = (token_rows[:, None, :] * kvh + torch.arange(kvh)[None, :, None]).view(-1, key_len)
-        self.meta = AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, kvh, key_index.to(dev))
+        return AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, kvh, key_index.to(self.k.device))
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         kvh, d = self.config.num_key_value_heads, self.config.head_dim

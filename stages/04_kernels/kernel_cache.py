@@ -10,7 +10,7 @@ import importlib
 
 import torch
 
-from common.invariant import AttentionMetadata, attention, key_tiles_len
+from common.invariant import attention
 from common.sequence import Sequence
 
 from .model import kernels_available
@@ -27,10 +27,10 @@ class KernelPagedCache(paged.PagedKVCache):
             self.elementwise, self.paged_attention = elementwise, paged_attention
 
     def prepare(self, seqs: list[Sequence], query_lens: list[int]) -> None:
-        super().prepare(seqs, query_lens)
         if not self.use_kernels:
-            return
-        dev, c = self.k.device, self.config
+            return super().prepare(seqs, query_lens)
+        dev = self.k.device
+        self.slot_mapping = self.write_slots(seqs, query_lens)
         starts = torch.tensor([0] + query_lens).cumsum(0).tolist()
         decode = [i for i, n in enumerate(query_lens) if n == 1]
         prefill = [i for i, n in enumerate(query_lens) if n > 1]
@@ -44,13 +44,9 @@ class KernelPagedCache(paged.PagedKVCache):
         for row, i in enumerate(decode):
             tables[row, :len(seqs[i].block_table)] = torch.tensor(seqs[i].block_table, dtype=torch.int32)
         self.decode_tables, self.decode_ctx = tables.to(dev), torch.tensor(ctx, dtype=torch.int32, device=dev)
-        self.prefill_meta = None
-        if prefill:  # stage 03's attention for the prefilling sequences alone
-            sub = [self.meta.key_index.view(len(seqs), c.num_key_value_heads, -1)[i] for i in prefill]
-            p_ctx = [seqs[i].num_cached_tokens + query_lens[i] for i in prefill]
-            key_index = torch.stack(sub)[:, :, :key_tiles_len(p_ctx)].reshape(-1, key_tiles_len(p_ctx))
-            self.prefill_meta = AttentionMetadata.build([query_lens[i] for i in prefill], p_ctx,
-                                                        c.num_attention_heads, c.num_key_value_heads, key_index)
+        # Stage 03's attention, for the prefilling sequences alone.
+        self.meta = (self.attention_metadata([seqs[i] for i in prefill], [query_lens[i] for i in prefill])
+                     if prefill else None)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if not self.use_kernels:
@@ -61,7 +57,7 @@ class KernelPagedCache(paged.PagedKVCache):
         if self.decode_rows.numel():
             out[self.decode_rows] = self.paged_attention.paged_decode_attention(
                 q[self.decode_rows], kc, vc, self.decode_tables, self.decode_ctx, self.decode_max_ctx)
-        if self.prefill_meta is not None:
+        if self.meta is not None:
             d = self.config.head_dim
-            out[self.prefill_rows] = attention(q[self.prefill_rows], kc.view(-1, d), vc.view(-1, d), self.prefill_meta)
+            out[self.prefill_rows] = attention(q[self.prefill_rows], kc.view(-1, d), vc.view(-1, d), self.meta)
         return out
