@@ -6,10 +6,11 @@ with paged blocks.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from common.attention import KEY_TILE, AttentionMetadata, attention
 from common.config import ModelConfig
-from common.invariant import KEY_TILE, AttentionMetadata, attention, contiguous_key_index, key_tiles_len
 
 
 class ContiguousKVCache:
@@ -19,6 +20,7 @@ class ContiguousKVCache:
         self.max_len = max_len
         padded = -(-max_len // KEY_TILE) * KEY_TILE  # attention reads whole key tiles
         shape = (config.num_hidden_layers, num_slots, config.num_key_value_heads, padded, config.head_dim)
+        # Zeros, not empty: positions past a sequence's length are read (then masked), so they must be finite.
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.meta: AttentionMetadata | None = None
@@ -35,9 +37,12 @@ class ContiguousKVCache:
     def prepare(self, slots: list[int], query_lens: list[int], context_lens: list[int]) -> None:
         """Describe the next step: sequence s writes query_lens[s] tokens into row slots[s]."""
         c, dev = self.config, self.k.device
-        key_index = contiguous_key_index(slots, c.num_key_value_heads, self.k.shape[3], key_tiles_len(context_lens), dev)
-        self.meta = AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads,
-                                            c.num_key_value_heads, key_index)
+        # Attention reads a slot's row in chunks of one key tile: chunk (slot, head, t) = (slot * kvh + head) * T + t.
+        tiles_per_row = self.k.shape[3] // KEY_TILE
+        width = -(-max(context_lens) // KEY_TILE)
+        table = (np.asarray(slots)[:, None] * c.num_key_value_heads * tiles_per_row + np.arange(width))
+        self.meta = AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, c.num_key_value_heads,
+                                            table, KEY_TILE, tiles_per_row, dev)
         self.write_slot = torch.tensor([s for s, n in zip(slots, query_lens) for _ in range(n)], device=dev)
         self.write_pos = torch.tensor([p for n, ctx in zip(query_lens, context_lens)
                                        for p in range(ctx - n, ctx)], device=dev)
@@ -47,4 +52,4 @@ class ContiguousKVCache:
         kc[self.write_slot, :, self.write_pos] = k
         vc[self.write_slot, :, self.write_pos] = v
         d = self.config.head_dim
-        return attention(q, kc.view(-1, d), vc.view(-1, d), self.meta)
+        return attention(q, kc.view(-1, KEY_TILE, d), vc.view(-1, KEY_TILE, d), self.meta)

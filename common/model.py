@@ -4,33 +4,23 @@ The model does not own a KV cache. Each layer hands its new q, k, v to an
 ``AttentionBackend`` supplied by whoever runs the step: the reference uses a
 contiguous cache, stage 01 a padded batch buffer, stage 02 per-slot buffers,
 stage 03 paged blocks. The rest of the model is the same code for all of them.
-All matmuls go through ``common.invariant`` so results never depend on the batch.
+Matmuls go through ``common.invariant`` and attention through ``common.attention``, so no
+result depends on the batch; the element-wise math is ``common.ops``.
 """
 from __future__ import annotations
 
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
+from common import ops
 from common.config import ModelConfig
-from common.invariant import ROW_TILE, Linear, pad_rows
+from common.invariant import ROW_TILE, Linear, choose_row_tile, pad_rows
 
 
 class AttentionBackend(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store this step's k, v ([tokens, kv_heads, d]) and return attention output [tokens, heads, d]."""
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
 class Llama:
@@ -57,8 +47,9 @@ class Llama:
         d = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos, self.sin = emb.cos().to(self.device), emb.sin().to(self.device)
+        self.cos, self.sin = freqs.cos().to(self.device), freqs.sin().to(self.device)  # [positions, d / 2]
+        linears = [layer[n] for layer in self.layers for n in ("qkv", "o", "gate_up", "down")] + [self.lm_head]
+        self.row_tile_note = choose_row_tile(linears, dtype, self.device)  # e.g. "calls of up to 32 rows ..."
 
     @property
     def weight_bytes(self) -> int:
@@ -68,20 +59,15 @@ class Llama:
             parts.append(self.lm_head)
         return sum(t.nbytes for t in parts)
 
-    # ---- the element-wise operations stage 04 replaces with fused kernels ----------------
+    # ---- the element-wise operations stage 04 replaces with fused kernels (common.ops) ----------
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor):
-        """(RMSNorm(x + residual), x + residual): the residual stream is added into, then normalized."""
-        residual = x if residual is None else x + residual
-        return rms_norm(residual, weight, self.config.rms_norm_eps), residual
+        return ops.add_rms_norm(x, residual, weight, self.config.rms_norm_eps)
 
-    def apply_rope(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        rotate = lambda x: (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)  # noqa: E731
-        return rotate(q), rotate(k)
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return ops.rope(x, cos, sin)
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return (F.silu(gate) * up).contiguous()
+        return ops.swiglu(gate_up)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -90,16 +76,15 @@ class Llama:
         c = self.config
         tokens = input_ids.shape[0]
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # once per step
         # Rows stay padded to ROW_TILE through the layers so every op sees whole tiles.
         h, residual = pad_rows(self.embed[input_ids]), None
         for i, layer in enumerate(self.layers):
             h, residual = self.add_rms_norm(h, residual, layer["attn_norm"])
             qkv = layer["qkv"](h)[:tokens]
-            q = qkv[:, : nq * d].view(tokens, nq, d)
-            k = qkv[:, nq * d: (nq + nkv) * d].view(tokens, nkv, d)
-            v = qkv[:, (nq + nkv) * d:].reshape(tokens, nkv, d)
-            q, k = self.apply_rope(q, k, positions)
-            o = attention(i, q, k, v).reshape(tokens, nq * d)
+            qk = self.rope(qkv[:, :(nq + nkv) * d].view(tokens, nq + nkv, d), cos, sin)  # q and k heads at once
+            v = qkv[:, (nq + nkv) * d:].view(tokens, nkv, d)
+            o = attention(i, qk[:, :nq], qk[:, nq:], v).reshape(tokens, nq * d)
             h, residual = self.add_rms_norm(layer["o"](pad_rows(o)), residual, layer["mlp_norm"])
             h = layer["down"](self.swiglu(layer["gate_up"](h)))
         h, _ = self.add_rms_norm(h, residual, self.norm)

@@ -49,7 +49,8 @@ def test_rope_in_place(dtype, tokens, heads, head_dim):
     half = head_dim // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], -1)
     expected = xf * cos[positions][:, None] + rotated * sin[positions][:, None]
-    got = ew.rope_(x, positions, cos, sin)
+    half = head_dim // 2
+    got = ew.rope_(x, cos[positions][:, None, :half].contiguous(), sin[positions][:, None, :half].contiguous())
     assert got.data_ptr() == x.data_ptr()
     torch.testing.assert_close(x.float(), expected, **TOL[dtype])
 
@@ -64,29 +65,35 @@ def test_swiglu(dtype, rows, ffn):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_store_kv_into_paged_slots(dtype):
-    blocks, block_size, kvh, d = 6, 4, 3, 8
-    k_cache = torch.zeros(blocks, block_size, kvh, d, dtype=dtype, device=DEVICE)
+    blocks, kvh, block_size, d = 6, 3, 4, 8
+    k_cache = torch.zeros(blocks, kvh, block_size, d, dtype=dtype, device=DEVICE)
     v_cache = torch.zeros_like(k_cache)
     k, v = randn(5, kvh, d, dtype=dtype), randn(5, kvh, d, dtype=dtype, seed=1)
-    slots = torch.tensor([13, 2, 23, -1, 0], device=DEVICE)  # -1: a padding row, not written
-    ew.store_kv(k, v, k_cache, v_cache, slots)
-    flat_k, flat_v = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
-    for row, slot in enumerate(slots.tolist()):
-        if slot >= 0:
-            assert torch.equal(flat_k[slot], k[row]) and torch.equal(flat_v[slot], v[row])
-    written = {s for s in slots.tolist() if s >= 0}
-    untouched = [s for s in range(blocks * block_size) if s not in written]
-    assert flat_k[untouched].abs().sum() == 0 and flat_v[untouched].abs().sum() == 0
+    # Token t at position p of block b goes, for head h, to row (b * kvh + h) * block_size + p; -1: padding.
+    token_slots = [(3, 1), (0, 2), (5, 3), None, (0, 0)]
+    rows = torch.tensor([[-1] * kvh if ts is None else [(ts[0] * kvh + h) * block_size + ts[1] for h in range(kvh)]
+                         for ts in token_slots], device=DEVICE)
+    ew.store_kv(k, v, k_cache, v_cache, rows)
+    for t, ts in enumerate(token_slots):
+        if ts is not None:
+            for h in range(kvh):
+                assert torch.equal(k_cache[ts[0], h, ts[1]], k[t, h]) and torch.equal(v_cache[ts[0], h, ts[1]], v[t, h])
+    written = {(b, p) for ts in token_slots if ts is not None for b, p in [ts]}
+    for b in range(blocks):
+        for p in range(block_size):
+            if (b, p) not in written:
+                assert k_cache[b, :, p].abs().sum() == 0 and v_cache[b, :, p].abs().sum() == 0
 
 
 def torch_decode_attention(q, k_cache, v_cache, table, ctx):
     """One sequence's decode attention, read through its block table with plain torch."""
-    block_size, kvh, d = k_cache.shape[1:]
-    rows = (table[:-(-ctx // block_size)].long()[:, None] * block_size + torch.arange(block_size, device=q.device))
-    rows = rows.view(-1)[:ctx]
+    kvh, block_size, d = k_cache.shape[1:]
+    blocks = table[:-(-ctx // block_size)].long()
+    # [blocks, kvh, block_size, d] -> the sequence's positions in order: [ctx, kvh, d]
+    k = k_cache[blocks].transpose(1, 2).reshape(-1, kvh, d)[:ctx]
+    v = v_cache[blocks].transpose(1, 2).reshape(-1, kvh, d)[:ctx]
     group = q.shape[0] // kvh
-    k = k_cache.view(-1, kvh, d)[rows].float().repeat_interleave(group, 1)
-    v = v_cache.view(-1, kvh, d)[rows].float().repeat_interleave(group, 1)
+    k, v = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
     p = (torch.einsum("hd,khd->hk", q.float(), k) / d ** 0.5).softmax(-1)
     return torch.einsum("hk,khd->hd", p, v)
 
@@ -97,8 +104,8 @@ def torch_decode_attention(q, k_cache, v_cache, table, ctx):
 def test_paged_decode_attention(dtype, heads, kv_heads, head_dim, block_size):
     ctx = [1, 13, 70, 45]  # ends mid-block; with split size 32, up to three splits
     num_blocks = sum(-(-c // block_size) for c in ctx) + 3
-    k_cache = randn(num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
-    v_cache = randn(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, seed=1)
+    k_cache = randn(num_blocks, kv_heads, block_size, head_dim, dtype=dtype)
+    v_cache = randn(num_blocks, kv_heads, block_size, head_dim, dtype=dtype, seed=1)
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(3)).tolist()
     width = max(-(-c // block_size) for c in ctx)
     tables = torch.zeros(len(ctx), width, dtype=torch.int32)

@@ -1,17 +1,21 @@
 """The paged KV cache: one pool of blocks per layer, read and written through block tables.
 
-Storage per layer is ``[num_blocks, block_size, kv_heads, head_dim]`` (vLLM's layout).
-Each step, ``prepare`` turns the block tables into two index tensors shared by all
-layers: where each new token's key/value goes (``slot_mapping``), and where each
-sequence's keys live, position by position (``key_index``). The attention itself is
-the same batch-invariant code as every other stage; only the addressing changed.
+Storage per layer is ``[num_blocks, kv_heads, block_size, head_dim]``: one block of one KV
+head is contiguous, so attention gathers whole chunks of keys, not single rows. Each step,
+``prepare`` turns the block tables into index tensors shared by all layers: where each new
+token's keys and values go (``slot_mapping``), and which chunks hold each sequence's keys
+(the attention metadata). The attention itself is the same batch-invariant code as every
+other stage; only the addressing changed.
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
+from common.attention import KEY_TILE, AttentionMetadata, attention
 from common.config import ModelConfig
-from common.invariant import AttentionMetadata, attention, key_tiles_len
 from common.sequence import Sequence
 
 
@@ -19,10 +23,12 @@ class PagedKVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device):
         self.config, self.block_size = config, block_size
-        shape = (config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        shape = (config.num_hidden_layers, num_blocks, config.num_key_value_heads, block_size, config.head_dim)
         # Zeros, not empty: masked positions are still read, and must be finite.
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Attention reads chunks of chunk_len positions: whole blocks when a block divides a key tile.
+        self.chunk_len = math.gcd(block_size, KEY_TILE)
         self.meta: AttentionMetadata | None = None
 
     @property
@@ -35,31 +41,38 @@ class PagedKVCache:
         self.meta = self.attention_metadata(seqs, query_lens)
 
     def write_slots(self, seqs: list[Sequence], query_lens: list[int]) -> torch.Tensor:
-        """The pool token row each new token's key and value go to: its block, then its offset in it."""
-        bs = self.block_size
-        return torch.tensor([seq.block_table[p // bs] * bs + p % bs for seq, n in zip(seqs, query_lens)
-                             for p in range(seq.num_cached_tokens, seq.num_cached_tokens + n)], device=self.k.device)
+        """[tokens, kv_heads]: the row of the layer's storage (viewed [blocks * kv_heads * block_size, d])
+        that each new token's key and value go to, per KV head."""
+        bs, kvh = self.block_size, self.config.num_key_value_heads
+        pos = np.concatenate([np.arange(s.num_cached_tokens, s.num_cached_tokens + n) for s, n in zip(seqs, query_lens)])
+        block = np.concatenate([np.asarray(s.block_table)[np.arange(s.num_cached_tokens, s.num_cached_tokens + n) // bs]
+                                for s, n in zip(seqs, query_lens)])
+        rows = (block[:, None] * kvh + np.arange(kvh)) * bs + (pos % bs)[:, None]
+        return torch.from_numpy(rows).to(self.k.device)
 
     def attention_metadata(self, seqs: list[Sequence], query_lens: list[int]) -> AttentionMetadata:
         """The attention's view of ``seqs``: their query rows, and their keys read through their block tables."""
-        c, bs = self.config, self.block_size
-        kvh = c.num_key_value_heads
+        c, bs, g = self.config, self.block_size, self.chunk_len
         context_lens = [s.num_cached_tokens + n for s, n in zip(seqs, query_lens)]
-        # Key position p of sequence s lives in token row table[s][p // bs] * bs + p % bs of the pool;
-        # positions past a table's end point at row 0 (finite, masked).
-        key_len = key_tiles_len(context_lens)
-        tables = torch.zeros(len(seqs), -(-key_len // bs), dtype=torch.long)
+        # Chunk c of a sequence (positions c*g ...) lies in block table[c*g // bs], sub-chunk (c*g % bs) // g.
+        width = -(-max(context_lens) // g)
+        chunk_pos = np.arange(width) * g
+        table = np.zeros((len(seqs), width), dtype=np.int64)
         for i, seq in enumerate(seqs):
-            table = seq.block_table[:tables.shape[1]]
-            tables[i, :len(table)] = torch.tensor(table, dtype=torch.long)
-        pos = torch.arange(key_len)
-        token_rows = tables[:, pos // bs] * bs + pos % bs  # [seqs, key_len]
-        key_index = (token_rows[:, None, :] * kvh + torch.arange(kvh)[None, :, None]).view(-1, key_len)
-        return AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, kvh, key_index.to(self.k.device))
+            blocks = np.asarray(seq.block_table, dtype=np.int64)
+            n = min(width, -(-context_lens[i] // g))
+            table[i, :n] = blocks[chunk_pos[:n] // bs] * c.num_key_value_heads * (bs // g) + (chunk_pos[:n] % bs) // g
+        return AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, c.num_key_value_heads,
+                                       table, g, bs // g, self.k.device)
+
+    def chunks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's keys and values as [chunks, chunk_len, head_dim], the attention's view."""
+        d = self.config.head_dim
+        return self.k[layer].view(-1, self.chunk_len, d), self.v[layer].view(-1, self.chunk_len, d)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        kvh, d = self.config.num_key_value_heads, self.config.head_dim
-        kc, vc = self.k[layer].view(-1, kvh, d), self.v[layer].view(-1, kvh, d)
-        kc[self.slot_mapping] = k
-        vc[self.slot_mapping] = v
-        return attention(q, kc.view(-1, d), vc.view(-1, d), self.meta)
+        d = self.config.head_dim
+        rows = self.slot_mapping.view(-1)
+        self.k[layer].view(-1, d).index_copy_(0, rows, k.reshape(-1, d))
+        self.v[layer].view(-1, d).index_copy_(0, rows, v.reshape(-1, d))
+        return attention(q, *self.chunks(layer), self.meta)

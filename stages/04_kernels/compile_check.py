@@ -25,14 +25,14 @@ def kernel_specs(dtype: str = "bf16", head_dim: int = 64, group: int = 3, kv_hea
     return {
         "add_rms_norm": (ew._add_rms_norm_kernel, {"x_ptr": p, "res_ptr": p, "w_ptr": p, "out_ptr": p,
                          "n_cols": "i32", "eps": "fp32"}, {"HAS_RESIDUAL": True, "BLOCK": triton.next_power_of_2(hidden)}),
-        "rope": (ew._rope_kernel, {"x_ptr": p, "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+        "rope": (ew._rope_kernel, {"x_ptr": p, "cos_ptr": "*fp32", "sin_ptr": "*fp32",
                  "n_heads": "i32", "stride_tok": "i32", "stride_head": "i32"},
                  {"HALF": head_dim // 2, "BLOCK_H": triton.next_power_of_2(group * kv_heads),
                   "BLOCK_D": triton.next_power_of_2(head_dim // 2)}),
         "swiglu": (ew._swiglu_kernel, {"gate_up_ptr": p, "out_ptr": p, "n_cols": "i32"},
                    {"BLOCK": min(1024, triton.next_power_of_2(ffn))}),
         "store_kv": (ew._store_kv_kernel, {"k_ptr": p, "v_ptr": p, "k_cache_ptr": p, "v_cache_ptr": p,
-                     "slot_ptr": "*i64", "row_size": "i32"}, {"BLOCK": triton.next_power_of_2(kv_heads * head_dim)}),
+                     "rows_ptr": "*i64"}, {"HEAD_DIM": head_dim, "BLOCK": triton.next_power_of_2(head_dim)}),
         "paged_decode_split": (pa._split_kernel, {
             "q_ptr": p, "k_cache_ptr": p, "v_cache_ptr": p, "tables_ptr": "*i32", "ctx_ptr": "*i32",
             "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "scale": "fp32", "max_blocks": "i32", "max_splits": "i32"},

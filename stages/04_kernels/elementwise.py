@@ -45,15 +45,14 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
 
 @triton.jit
-def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, n_heads, stride_tok, stride_head, HALF: tl.constexpr,
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, n_heads, stride_tok, stride_head, HALF: tl.constexpr,
                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     tok = tl.program_id(0)
-    pos = tl.load(pos_ptr + tok)
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_D)[None, :]
     mask = (heads < n_heads) & (dims < HALF)
-    cos = tl.load(cos_ptr + pos * 2 * HALF + dims, mask=dims < HALF, other=0.0)
-    sin = tl.load(sin_ptr + pos * 2 * HALF + dims, mask=dims < HALF, other=0.0)
+    cos = tl.load(cos_ptr + tok * HALF + dims, mask=dims < HALF, other=0.0)
+    sin = tl.load(sin_ptr + tok * HALF + dims, mask=dims < HALF, other=0.0)
     base = x_ptr + tok * stride_tok + heads * stride_head + dims
     x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
@@ -61,11 +60,13 @@ def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, n_heads, stride_tok, stride_h
     tl.store(base + HALF, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
 
 
-def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [tokens, heads, head_dim] in place (the rotate-half layout); cos/sin: [max_pos, head_dim] fp32."""
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [tokens, heads, head_dim] in place (the rotate-half layout); cos/sin: [tokens, 1, head_dim / 2] fp32,
+    already looked up at each token's position."""
     tokens, heads, d = x.shape
     assert x.stride(2) == 1 and d % 2 == 0
-    _rope_kernel[(tokens,)](x, positions, cos, sin, heads, x.stride(0), x.stride(1), HALF=d // 2,
+    cos, sin = cos.reshape(tokens, d // 2).contiguous(), sin.reshape(tokens, d // 2).contiguous()
+    _rope_kernel[(tokens,)](x, cos, sin, heads, x.stride(0), x.stride(1), HALF=d // 2,
                             BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(d // 2))
     return x
 
@@ -92,20 +93,21 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, row_size, BLOCK: tl.constexpr):
-    tok = tl.program_id(0)
-    slot = tl.load(slot_ptr + tok)
-    if slot >= 0:  # a negative slot is padding: nothing to write
+def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    entry = tl.program_id(0)  # one (token, KV head)
+    row = tl.load(rows_ptr + entry)
+    if row >= 0:  # a negative row is padding: nothing to write
         cols = tl.arange(0, BLOCK)
-        mask = cols < row_size
-        tl.store(k_cache_ptr + slot * row_size + cols, tl.load(k_ptr + tok * row_size + cols, mask=mask), mask=mask)
-        tl.store(v_cache_ptr + slot * row_size + cols, tl.load(v_ptr + tok * row_size + cols, mask=mask), mask=mask)
+        mask = cols < HEAD_DIM
+        tl.store(k_cache_ptr + row * HEAD_DIM + cols, tl.load(k_ptr + entry * HEAD_DIM + cols, mask=mask), mask=mask)
+        tl.store(v_cache_ptr + row * HEAD_DIM + cols, tl.load(v_ptr + entry * HEAD_DIM + cols, mask=mask), mask=mask)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Write k, v [tokens, kv_heads, d] into token rows ``slot_mapping`` of caches [blocks, block_size, kv_heads, d]."""
+             rows: torch.Tensor) -> None:
+    """Write k, v [tokens, kv_heads, d] into caches [blocks, kv_heads, block_size, d]: ``rows`` [tokens, kv_heads]
+    is each (token, head)'s row of the cache viewed as [blocks * kv_heads * block_size, d]."""
     tokens, kvh, d = k.shape
-    assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    _store_kv_kernel[(tokens,)](k.contiguous(), v.contiguous(), k_cache, v_cache, slot_mapping, kvh * d,
-                                BLOCK=triton.next_power_of_2(kvh * d))
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and rows.shape == (tokens, kvh)
+    _store_kv_kernel[(tokens * kvh,)](k.contiguous(), v.contiguous(), k_cache, v_cache, rows.contiguous(),
+                                      HEAD_DIM=d, BLOCK=triton.next_power_of_2(d))

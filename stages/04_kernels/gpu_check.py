@@ -36,20 +36,19 @@ def kernel_table(console: Console, dtype=torch.bfloat16) -> None:
     x, res, w = (torch.randn(rows, hidden, device=dev, dtype=dtype) for _ in range(3))
     gate_up = torch.randn(rows, 2 * ffn, device=dev, dtype=dtype)
     q = torch.randn(rows, heads, d, device=dev, dtype=dtype)
-    pos = torch.arange(rows, device=dev)
-    cos = sin = torch.randn(4096, d, device=dev)
+    cos = sin = torch.randn(rows, 1, d // 2, device=dev)  # looked up at each token's position
     seqs, ctx = 64, 1024
     blocks = seqs * ctx // bs
-    kc, vc = (torch.randn(blocks, bs, kvh, d, device=dev, dtype=dtype) for _ in range(2))
+    kc, vc = (torch.randn(blocks, kvh, bs, d, device=dev, dtype=dtype) for _ in range(2))
     tables = torch.randperm(blocks, device=dev, dtype=torch.int32).view(seqs, -1)
     lens = torch.full((seqs,), ctx, device=dev, dtype=torch.int32)
     qd = torch.randn(seqs, heads, d, device=dev, dtype=dtype)
     kv_new = torch.randn(rows, kvh, d, device=dev, dtype=dtype)
-    slots = torch.randperm(blocks * bs, device=dev)[:rows]
+    slots = torch.randperm(blocks * kvh * bs, device=dev)[:rows * kvh].view(rows, kvh)  # (token, head) rows
     e = x.element_size()
     cases = {  # name: (call, bytes it must move)
         "add_rms_norm": (lambda: ew.add_rms_norm(x, res, w, 1e-5), 5 * rows * hidden * e),
-        "rope (q)": (lambda: ew.rope_(q, pos, cos, sin), 2 * q.numel() * e),
+        "rope (q)": (lambda: ew.rope_(q, cos, sin), 2 * q.numel() * e),
         "swiglu": (lambda: ew.swiglu(gate_up), 1.5 * gate_up.numel() * e),
         "store_kv": (lambda: ew.store_kv(kv_new, kv_new, kc, vc, slots), 4 * kv_new.numel() * e),
         f"paged decode ({seqs} x {ctx} tokens)": (

@@ -10,7 +10,7 @@ import importlib
 
 import torch
 
-from common.invariant import attention
+from common.attention import attention
 from common.sequence import Sequence
 
 from .model import kernels_available
@@ -58,6 +58,5 @@ class KernelPagedCache(paged.PagedKVCache):
             out[self.decode_rows] = self.paged_attention.paged_decode_attention(
                 q[self.decode_rows], kc, vc, self.decode_tables, self.decode_ctx, self.decode_max_ctx)
         if self.meta is not None:
-            d = self.config.head_dim
-            out[self.prefill_rows] = attention(q[self.prefill_rows], kc.view(-1, d), vc.view(-1, d), self.meta)
+            out[self.prefill_rows] = attention(q[self.prefill_rows], *self.chunks(layer), self.meta)
         return out

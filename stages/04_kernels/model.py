@@ -38,12 +38,9 @@ class KernelLlama(Llama):
             return super().add_rms_norm(x, residual, weight)
         return self.kernels.add_rms_norm(x, residual, weight, self.config.rms_norm_eps)
 
-    def apply_rope(self, q, k, positions):
-        if not self.use_kernels:
-            return super().apply_rope(q, k, positions)
-        # q and k are strided views into the fused qkv output: the kernel rotates them where they lie.
-        return self.kernels.rope_(q, positions, self.cos, self.sin), self.kernels.rope_(k, positions, self.cos,
-                                                                                          self.sin)
+    def rope(self, x, cos, sin):
+        # x is a strided view into the fused qkv output: the kernel rotates it where it lies.
+        return self.kernels.rope_(x, cos, sin) if self.use_kernels else super().rope(x, cos, sin)
 
     def swiglu(self, gate_up):
         return self.kernels.swiglu(gate_up) if self.use_kernels else super().swiglu(gate_up)

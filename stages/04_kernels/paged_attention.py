@@ -50,7 +50,7 @@ def _split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, ctx_ptr, part_o_p
             toks = start + n0 + tl.arange(0, BLOCK_N)
             tmask = toks < ctx
             block = tl.load(tables_ptr + seq * max_blocks + toks // BLOCK_SIZE, mask=tmask, other=0)
-            rows = (block * BLOCK_SIZE + toks % BLOCK_SIZE) * NUM_KV_HEADS + kv_head
+            rows = (block * NUM_KV_HEADS + kv_head) * BLOCK_SIZE + toks % BLOCK_SIZE
             kv_mask = tmask[:, None] & dmask[None, :]
             k = tl.load(k_cache_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_cache_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=kv_mask, other=0.0)
@@ -93,10 +93,10 @@ def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, MAX_SPLITS: tl.constexpr, H
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, max_context: int,
                            split_size: int = SPLIT_SIZE) -> torch.Tensor:
-    """q [seqs, heads, d] (one decode token each); caches [blocks, block_size, kv_heads, d];
+    """q [seqs, heads, d] (one decode token each); caches [blocks, kv_heads, block_size, d];
     block_tables [seqs, max_blocks] int32; context_lens [seqs] (the new token included)."""
     seqs, heads, d = q.shape
-    _, block_size, kv_heads, _ = k_cache.shape
+    _, kv_heads, block_size, _ = k_cache.shape
     group = heads // kv_heads
     assert group <= BLOCK_G and split_size % BLOCK_N == 0
     max_splits = triton.cdiv(max_context, split_size)

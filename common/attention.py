@@ -1,0 +1,168 @@
+"""Batch-invariant causal attention in a fixed number of tensor operations per layer.
+
+Invariance needs one thing: the order in which each row's reductions run (over the
+head dimension for a score, over keys for the softmax sum and for P·V) must not depend
+on what else is in the step. So keys are cut into tiles of ``KEY_TILE`` positions,
+always at the same boundaries (0-63, 64-127, ...), and every reduction runs over one
+tile or over the tiles in order:
+
+1. The step's query rows are grouped into *query tiles* (one stream = one sequence's
+   rows for one KV head), and each query tile is paired with every key tile it can
+   reach. One ``bmm`` over all pairs gives the scores, ``[pairs, rows, KEY_TILE]``;
+   its reduction over the head dimension has one fixed length, and the matmul gives
+   a row the same bits whatever the number of pairs or rows (checked at load, see
+   ``common.invariant``).
+2. Each row's maximum over all its pairs (a max is exact in any order), then
+   ``p = exp((s - max) * scale)``, its per-tile sum, and a second ``bmm`` per pair:
+   ``P·V`` over one key tile.
+3. The per-tile partial sums are combined with ``cumsum`` along the key-tile axis,
+   a sequential scan on CPU and on CUDA (a scan over an outer dimension), so the
+   sum runs in key order; a tile a row cannot see holds exact zeros, and adding zeros
+   changes nothing. Padding, batching and chunked prefill therefore cannot change a bit.
+
+Two kinds of query tile keep the gathered K/V small: a decoding sequence has one token
+per stream (a tile of ``group`` rows), a prefilling one has tiles of up to
+``QUERY_TOKENS`` tokens (so a long prompt gathers each key tile once per 64 tokens, not
+once per token). A tile has at least ``MIN_ROWS`` rows: float32 ``bmm`` takes a
+matrix-vector path, with other bits, at one or two rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+KEY_TILE = 64  # keys per tile: the fixed reduction length of both matmuls
+QUERY_TOKENS = 64  # tokens per query tile of a prefilling sequence
+MIN_ROWS = 3  # query tiles are padded to at least this many rows
+
+
+@dataclass
+class TileGroup:
+    """One kind of query tile (decode or prefill), laid out for the layer's tensor ops."""
+    rows: int  # query rows per tile (padded)
+    tiles: int  # number of query tiles
+    max_key_tiles: int  # the most key tiles any query tile reaches
+    pair_rows: torch.Tensor  # [pairs, rows]: the q row (of q viewed [tokens * heads, d]) each tile row reads
+    pair_chunks: torch.Tensor  # [pairs, KEY_TILE // chunk_len]: K/V chunks of the pair's key tile
+    pair_tile: torch.Tensor  # [pairs]: the pair's query tile
+    pair_tile_rows: torch.Tensor  # [pairs, rows]: pair_tile expanded (the scatter index of the row max)
+    pair_slot: torch.Tensor  # [pairs]: tile * max_key_tiles + key tile, its place in the key-ordered sum
+    masked: torch.Tensor  # [pairs, rows, KEY_TILE] bool: key after the row's position (or past the context)
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each query row of a step goes and where its keys live: built once per step, used by every layer.
+
+    The flattened step holds, for sequence ``s``, ``query_lens[s]`` new tokens at positions
+    ``context_lens[s] - query_lens[s] ...``. K/V storage is read in *chunks* of ``chunk_len``
+    contiguous positions of one KV head: ``chunk_table[s, c]`` is the chunk holding positions
+    ``c * chunk_len ...`` of sequence ``s`` for KV head 0, and head ``h`` adds ``h * head_stride``.
+    A contiguous cache and a paged one differ only in that table.
+    """
+    query_lens: list[int]
+    context_lens: list[int]
+    groups: list[TileGroup]
+    out_index: torch.Tensor  # [tokens * heads]: each q row's place in the groups' concatenated output rows
+
+    @classmethod
+    def build(cls, query_lens: list[int], context_lens: list[int], num_heads: int, num_kv_heads: int,
+              chunk_table: np.ndarray, chunk_len: int, head_stride: int,
+              device: torch.device | str = "cpu") -> "AttentionMetadata":
+        assert KEY_TILE % chunk_len == 0, "a key tile must be whole chunks"
+        n, ctx = np.asarray(query_lens), np.asarray(context_lens)
+        first_token = np.concatenate([[0], np.cumsum(n)[:-1]])
+        geometry = (num_heads, num_kv_heads, chunk_table, chunk_len, head_stride)
+        groups, out_rows = [], []
+        for seqs, tile_tokens in ((np.flatnonzero(n == 1), 1), (np.flatnonzero(n > 1), QUERY_TOKENS)):
+            if seqs.size:
+                group, q_rows = _tile_group(seqs, n, ctx, first_token, tile_tokens, geometry, device)
+                groups.append(group)
+                out_rows.append(q_rows)
+        # Invert "tile row -> q row" so the output is gathered in q's row order with one index_select.
+        q_rows = np.concatenate(out_rows)
+        out_index = np.empty(int(n.sum()) * num_heads, dtype=np.int64)
+        valid = q_rows >= 0
+        out_index[q_rows[valid]] = np.flatnonzero(valid)
+        return cls(list(query_lens), list(context_lens), groups, torch.from_numpy(out_index).to(device))
+
+
+def _tile_group(seqs, n, ctx, first_token, tile_tokens, geometry, device) -> tuple[TileGroup, np.ndarray]:
+    """Query tiles of ``tile_tokens`` tokens for sequences ``seqs``, paired with the key tiles they reach."""
+    num_heads, kvh, chunk_table, chunk_len, head_stride = geometry
+    group = num_heads // kvh
+    rows = max(tile_tokens * group, MIN_ROWS)
+    # Tiles of one KV head: (sequence, first token of the tile, tokens in it).
+    per_seq = -(-n[seqs] // tile_tokens)
+    seq = np.repeat(seqs, per_seq)
+    start = (np.arange(per_seq.sum()) - np.repeat(np.cumsum(per_seq) - per_seq, per_seq)) * tile_tokens
+    count = np.minimum(tile_tokens, n[seq] - start)
+    r = np.arange(rows)
+    token, head_in_group = r // group, r % group
+    valid = token[None, :] < count[:, None]  # [tiles, rows]
+    token = np.where(valid, token[None, :], 0) + start[:, None]  # padding rows repeat the tile's first row
+    pos = ctx[seq][:, None] - n[seq][:, None] + token  # [tiles, rows]
+    reach = (ctx[seq] - n[seq] + start + count - 1) // KEY_TILE + 1  # key tiles each tile reaches
+    # Every KV head gets its own copy of the tiles: tile index = t * kvh + h.
+    heads = np.arange(kvh)
+    q_rows = ((first_token[seq][:, None, None] + token[:, None, :]) * num_heads
+              + heads[None, :, None] * group + np.where(valid, head_in_group, 0)[:, None, :])  # [tiles, kvh, rows]
+    tiles = q_rows.shape[0] * kvh
+    q_rows = q_rows.reshape(tiles, rows)
+    reach = np.repeat(reach, kvh)
+    tile_seq, tile_head = np.repeat(seq, kvh), np.tile(heads, seq.size)
+    # Pairs: (query tile, key tile) for every key tile the query tile reaches, in key order.
+    pair_tile = np.repeat(np.arange(tiles), reach)
+    key_tile = np.arange(reach.sum()) - np.repeat(np.cumsum(reach) - reach, reach)
+    per_tile = KEY_TILE // chunk_len
+    chunk = key_tile[:, None] * per_tile + np.arange(per_tile)  # [pairs, per_tile] chunk positions
+    table = chunk_table[tile_seq[pair_tile]]
+    inside = chunk < table.shape[1]
+    chunks = np.where(inside, np.take_along_axis(table, np.minimum(chunk, table.shape[1] - 1), 1), 0)
+    chunks = np.where(inside, chunks + (tile_head[pair_tile] * head_stride)[:, None], 0)
+    key_pos = key_tile[:, None] * KEY_TILE + np.arange(KEY_TILE)  # [pairs, KEY_TILE]
+    tile_pos = np.repeat(pos, kvh, axis=0)
+    masked = key_pos[:, None, :] > tile_pos[pair_tile][:, :, None]  # past the row's own position
+    max_reach = int(reach.max())
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    out = np.where(np.repeat(valid, kvh, axis=0), q_rows, -1).reshape(-1)
+    return TileGroup(rows, tiles, max_reach, t(q_rows[pair_tile]), t(chunks), t(pair_tile),
+                     t(np.broadcast_to(pair_tile[:, None], (pair_tile.size, rows))),
+                     t(pair_tile * max_reach + key_tile), t(masked)), out
+
+
+def attention(q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor,
+              meta: AttentionMetadata) -> torch.Tensor:
+    """Causal grouped-query attention for a flattened step.
+
+    q: [tokens, heads, d]; k_chunks, v_chunks: the cache's storage viewed as [chunks, chunk_len, d]
+    (what lies past a sequence's length is masked and never enters the result, but must be
+    finite). Returns [tokens, heads, d] in q's dtype.
+    """
+    tokens, heads, d = q.shape
+    q_flat = q.reshape(tokens * heads, d)
+    k_flat, v_flat = k_chunks.reshape(-1, k_chunks.shape[1] * d), v_chunks.reshape(-1, v_chunks.shape[1] * d)
+    outs = [_attend(q_flat, k_flat, v_flat, g, d) for g in meta.groups]
+    rows = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return rows.index_select(0, meta.out_index).view(tokens, heads, d)
+
+
+def _attend(q_flat, k_flat, v_flat, g: TileGroup, d: int) -> torch.Tensor:
+    pairs = g.pair_tile.shape[0]
+    qp = q_flat.index_select(0, g.pair_rows.view(-1)).view(pairs, g.rows, d)
+    kp = k_flat.index_select(0, g.pair_chunks.view(-1)).view(pairs, KEY_TILE, d)
+    vp = v_flat.index_select(0, g.pair_chunks.view(-1)).view(pairs, KEY_TILE, d)
+    # Scores in float32 (bfloat16's 8 bits would blur exp(s - max) where scores are large); keys are
+    # converted on the fly, so the cache stays in its dtype.
+    s = torch.bmm(qp.float(), kp.float().transpose(1, 2)).masked_fill_(g.masked, float("-inf"))
+    row_max = torch.full((g.tiles, g.rows), float("-inf"), device=s.device)
+    row_max.scatter_reduce_(0, g.pair_tile_rows, s.amax(-1), "amax")
+    p = (s - row_max.index_select(0, g.pair_tile)[:, :, None]).mul_(d ** -0.5).exp_()
+    # P·V per pair, and each pair's softmax denominator beside it: one scatter and one scan for both.
+    partial = torch.cat([torch.bmm(p.to(vp.dtype), vp).float(), p.sum(-1, keepdim=True)], -1)
+    by_key = torch.zeros(g.tiles * g.max_key_tiles, g.rows, d + 1, device=s.device)
+    by_key.index_copy_(0, g.pair_slot, partial)
+    total = by_key.view(g.tiles, g.max_key_tiles, g.rows, d + 1).cumsum(1)[:, -1]
+    return (total[..., :d] / total[..., d:]).to(q_flat.dtype).view(-1, d)

@@ -1,0 +1,51 @@
+"""The model's element-wise math, written so that a fused kernel can reproduce every bit.
+
+Stage 04 replaces these functions with fused kernels (code ``torch.compile`` generates on
+CPU, hand-written Triton on CUDA), and must still give the reference's tokens. So every
+rounding here is spelled out:
+
+* only operations whose result is defined by IEEE 754 to the last bit on every device:
+  add, subtract, multiply, divide, square root (``1 / sqrt(x)``, not ``rsqrt``, which is
+  approximate on CUDA), and casts; no multiply-add is contracted into one rounding;
+* a reduction has one order: RMSNorm's sum of squares adds each 16-wide lane of a row in
+  order, then the lanes in order, in float64 (``cumsum`` is a sequential scan on CPU and
+  CUDA), and is rounded to float32 once;
+* ``silu`` is torch's own kernel (``x / (1 + exp(-x))``), the one function with an ``exp``.
+
+Intermediate results are rounded to the model's dtype exactly where torch's eager code
+rounds them (a fused kernel must round there too: ``emulate_precision_casts`` in
+inductor, explicit casts in Triton).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+LANES = 16  # RMSNorm sums a row's squares in this many interleaved lanes
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual) * weight, x + residual): the residual stream is added into, then normalized.
+
+    x, residual: [rows, hidden] in the model dtype; with no residual, x is the residual stream."""
+    residual = x if residual is None else x + residual
+    xf = residual.float()
+    rows, hidden = xf.shape
+    squares = (xf * xf).double().view(rows, hidden // LANES, LANES)
+    sum_sq = squares.cumsum(1)[:, -1].unsqueeze(-1).cumsum(1)[:, -1].float()  # [rows, 1]
+    normed = (xf * (1 / torch.sqrt(sum_sq / hidden + eps))).to(x.dtype)
+    return weight * normed, residual
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [tokens, heads, head_dim] (the rotate-half layout) by cos, sin [tokens, 1, head_dim / 2] (float32)."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for the merged projection's output [rows, 2 * ffn] -> [rows, ffn]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
