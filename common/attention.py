@@ -65,7 +65,7 @@ class AttentionMetadata:
     query_lens: list[int]
     context_lens: list[int]
     groups: list[TileGroup]
-    out_index: torch.Tensor  # [tokens * heads]: each q row's place in the groups' concatenated output rows
+    out_index: torch.Tensor | None  # [tokens * heads]: each q row's place in the groups' output rows (None: in place)
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], num_heads: int, num_kv_heads: int,
@@ -81,12 +81,15 @@ class AttentionMetadata:
                 group, q_rows = _tile_group(seqs, n, ctx, first_token, tile_tokens, geometry, device)
                 groups.append(group)
                 out_rows.append(q_rows)
-        # Invert "tile row -> q row" so the output is gathered in q's row order with one index_select.
+        # Invert "tile row -> q row" so the output is gathered in q's row order with one index_select
+        # (not needed when the tiles already are in that order: a decode-only step).
         q_rows = np.concatenate(out_rows)
         out_index = np.empty(int(n.sum()) * num_heads, dtype=np.int64)
         valid = q_rows >= 0
         out_index[q_rows[valid]] = np.flatnonzero(valid)
-        return cls(list(query_lens), list(context_lens), groups, torch.from_numpy(out_index).to(device))
+        in_order = out_index.size == q_rows.size and np.array_equal(out_index, np.arange(out_index.size))
+        return cls(list(query_lens), list(context_lens), groups,
+                   None if in_order else torch.from_numpy(out_index).to(device))
 
 
 def _tile_group(seqs, n, ctx, first_token, tile_tokens, geometry, device) -> tuple[TileGroup, np.ndarray]:
@@ -142,11 +145,13 @@ def attention(q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor,
     finite). Returns [tokens, heads, d] in q's dtype.
     """
     tokens, heads, d = q.shape
-    q_flat = q.reshape(tokens * heads, d)
+    q_flat = q.reshape(tokens * heads, d).float()  # scores are computed in float32
     k_flat, v_flat = k_chunks.reshape(-1, k_chunks.shape[1] * d), v_chunks.reshape(-1, v_chunks.shape[1] * d)
     outs = [_attend(q_flat, k_flat, v_flat, g, d) for g in meta.groups]
     rows = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return rows.index_select(0, meta.out_index).view(tokens, heads, d)
+    if meta.out_index is not None:
+        rows = rows.index_select(0, meta.out_index)
+    return rows.view(tokens, heads, d)
 
 
 def _attend(q_flat, k_flat, v_flat, g: TileGroup, d: int) -> torch.Tensor:
@@ -156,7 +161,7 @@ def _attend(q_flat, k_flat, v_flat, g: TileGroup, d: int) -> torch.Tensor:
     vp = v_flat.index_select(0, g.pair_chunks.view(-1)).view(pairs, KEY_TILE, d)
     # Scores in float32 (bfloat16's 8 bits would blur exp(s - max) where scores are large); keys are
     # converted on the fly, so the cache stays in its dtype.
-    s = torch.bmm(qp.float(), kp.float().transpose(1, 2)).masked_fill_(g.masked, float("-inf"))
+    s = torch.bmm(qp, kp.float().transpose(1, 2)).masked_fill_(g.masked, float("-inf"))
     row_max = torch.full((g.tiles, g.rows), float("-inf"), device=s.device)
     row_max.scatter_reduce_(0, g.pair_tile_rows, s.amax(-1), "amax")
     p = (s - row_max.index_select(0, g.pair_tile)[:, :, None]).mul_(d ** -0.5).exp_()
@@ -165,4 +170,4 @@ def _attend(q_flat, k_flat, v_flat, g: TileGroup, d: int) -> torch.Tensor:
     by_key = torch.zeros(g.tiles * g.max_key_tiles, g.rows, d + 1, device=s.device)
     by_key.index_copy_(0, g.pair_slot, partial)
     total = by_key.view(g.tiles, g.max_key_tiles, g.rows, d + 1).cumsum(1)[:, -1]
-    return (total[..., :d] / total[..., d:]).to(q_flat.dtype).view(-1, d)
+    return (total[..., :d] / total[..., d:]).to(v_flat.dtype).view(-1, d)

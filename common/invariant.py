@@ -34,7 +34,7 @@ import torch
 
 from common.paths import home
 
-ROW_TILE = 16  # activations are padded to a multiple of this many rows
+ROW_TILE = 16  # rows per call when no larger tile keeps rows' bits (calls are then padded to it)
 CANDIDATE_TILES = (256, 128, 64, 32, 16)  # tried largest first
 PACK_HINT = 32  # the batch size oneDNN lays the prepacked weight out for
 
@@ -70,30 +70,37 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        assert rows % ROW_TILE == 0, "pad the rows first (pad_rows)"
         x = x.contiguous()
-        tile = ROW_TILE if self.exact_tiles else self.row_tile
-        if rows <= tile:
+        if self.exact_tiles:  # every call on exactly ROW_TILE rows: pad, multiply, drop the padding
+            padded = pad_rows(x)
+            return torch.cat([self.matmul(padded[i:i + ROW_TILE]) for i in range(0, padded.shape[0], ROW_TILE)])[:rows]
+        if rows <= self.row_tile:
             return self.matmul(x)
-        return torch.cat([self.matmul(x[i:i + tile]) for i in range(0, rows, tile)])
+        return torch.cat([self.matmul(x[i:i + self.row_tile]) for i in range(0, rows, self.row_tile)])
 
 
-def rows_keep_their_bits(matmul: Callable[[torch.Tensor], torch.Tensor], in_features: int, tile: int,
-                         dtype: torch.dtype, device: torch.device, seed: int = 0) -> bool:
-    """Does every row get the same bits alone as in any call of up to ``tile`` rows?"""
+def order_revealing_rows(rows: int, in_features: int, seed: int = 0) -> torch.Tensor:
+    """Rows whose products with a weight row partly cancel: large partial sums, small results. A change in
+    summation order then changes the rounded result, where plain random rows would mostly hide it."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(tile, in_features, generator=gen).to(device=device, dtype=dtype)
-    full = matmul(x)
-    counts = sorted({1, 2, 3, 5, 8, 13, tile // 2 - 1, tile // 2, tile // 2 + 1, tile - 1} - {0})
-    if any(not torch.equal(matmul(x[:m]), full[:m]) for m in counts if 0 < m < tile):
-        return False
-    return all(torch.equal(matmul(x[r:r + 1]), full[r:r + 1]) for r in (0, 1, tile - 1))
+    x = torch.randn(rows, in_features, generator=gen)
+    large = torch.randint(0, in_features, (rows, 8), generator=gen)
+    return x.scatter_(1, large, torch.randn(rows, 8, generator=gen) * 300)
 
 
 def find_row_tile(linears: list[Linear], dtype: torch.dtype, device: torch.device) -> int | None:
-    """The largest candidate tile on which every given linear keeps each row's bits, or None."""
+    """The largest candidate tile at which every row of every call of up to that many rows has the bits it has
+    alone, for every given linear; None if not even the smallest does."""
+    largest = max(CANDIDATE_TILES)
+    checks = []
+    for lin in linears:
+        x = order_revealing_rows(largest, lin.in_features).to(device=device, dtype=dtype)
+        alone = torch.cat([lin.matmul(x[r:r + 1]) for r in range(largest)])
+        checks.append((lin, x, alone))
     for tile in CANDIDATE_TILES:
-        if all(rows_keep_their_bits(lin.matmul, lin.in_features, tile, dtype, device) for lin in linears):
+        counts = sorted({1, 2, 3, 5, 8, 13, tile // 2 - 1, tile // 2, tile // 2 + 1, tile - 1, tile} - {0})
+        if all(torch.equal(lin.matmul(x[start:start + m]), alone[start:start + m])
+               for lin, x, alone in checks for m in counts for start in (0, largest - m)):
             return tile
     return None
 

@@ -15,7 +15,7 @@ import torch
 
 from common import ops
 from common.config import ModelConfig
-from common.invariant import ROW_TILE, Linear, choose_row_tile, pad_rows
+from common.invariant import ROW_TILE, Linear, choose_row_tile
 
 
 class AttentionBackend(Protocol):
@@ -76,25 +76,23 @@ class Llama:
         c = self.config
         tokens = input_ids.shape[0]
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # once per step
-        # Rows stay padded to ROW_TILE through the layers so every op sees whole tiles.
-        h, residual = pad_rows(self.embed[input_ids]), None
+        cos, sin = ops.rope_tables(self.cos[positions], self.sin[positions])  # once per step
+        h, residual = self.embed[input_ids], None
         for i, layer in enumerate(self.layers):
             h, residual = self.add_rms_norm(h, residual, layer["attn_norm"])
-            qkv = layer["qkv"](h)[:tokens]
+            qkv = layer["qkv"](h)
             qk = self.rope(qkv[:, :(nq + nkv) * d].view(tokens, nq + nkv, d), cos, sin)  # q and k heads at once
             v = qkv[:, (nq + nkv) * d:].view(tokens, nkv, d)
             o = attention(i, qk[:, :nq], qk[:, nq:], v).reshape(tokens, nq * d)
-            h, residual = self.add_rms_norm(layer["o"](pad_rows(o)), residual, layer["mlp_norm"])
+            h, residual = self.add_rms_norm(layer["o"](o), residual, layer["mlp_norm"])
             h = layer["down"](self.swiglu(layer["gate_up"](h)))
         h, _ = self.add_rms_norm(h, residual, self.norm)
-        return h[:tokens]
+        return h
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [rows, vocab] for the given hidden rows (usually each sequence's last)."""
-        rows = hidden.shape[0]
-        return self.lm_head(pad_rows(hidden))[:rows].float()
+        return self.lm_head(hidden).float()
 
 
 __all__ = ["Llama", "AttentionBackend", "ROW_TILE"]

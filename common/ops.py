@@ -34,15 +34,21 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     rows, hidden = xf.shape
     squares = (xf * xf).double().view(rows, hidden // LANES, LANES)
     sum_sq = squares.cumsum(1)[:, -1].unsqueeze(-1).cumsum(1)[:, -1].float()  # [rows, 1]
-    normed = (xf * (1 / torch.sqrt(sum_sq / hidden + eps))).to(x.dtype)
+    normed = (xf / torch.sqrt(sum_sq / hidden + eps)).to(x.dtype)
     return weight * normed, residual
 
 
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [tokens, head_dim / 2] at the step's positions -> the [tokens, 1, head_dim] factors ``rope`` takes:
+    (cos, cos) and (-sin, sin), so the rotation is ``x * cos + roll(x) * sin`` (negating is exact)."""
+    return torch.cat([cos, cos], -1).unsqueeze(1), torch.cat([-sin, sin], -1).unsqueeze(1)
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [tokens, heads, head_dim] (the rotate-half layout) by cos, sin [tokens, 1, head_dim / 2] (float32)."""
+    """Rotate x [tokens, heads, head_dim] (the rotate-half layout) in float32: with x = (x1, x2) by halves,
+    (x1 * cos - x2 * sin, x2 * cos + x1 * sin); cos, sin as ``rope_tables`` makes them."""
     xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return (xf * cos + xf.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from common import ops
+
 pytest.importorskip("triton")
 ew = importlib.import_module("stages.04_kernels.elementwise")
 pa = importlib.import_module("stages.04_kernels.paged_attention")
@@ -50,7 +52,7 @@ def test_rope_in_place(dtype, tokens, heads, head_dim):
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], -1)
     expected = xf * cos[positions][:, None] + rotated * sin[positions][:, None]
     half = head_dim // 2
-    got = ew.rope_(x, cos[positions][:, None, :half].contiguous(), sin[positions][:, None, :half].contiguous())
+    got = ew.rope_(x, *ops.rope_tables(cos[positions][:, :half], sin[positions][:, :half]))
     assert got.data_ptr() == x.data_ptr()
     torch.testing.assert_close(x.float(), expected, **TOL[dtype])
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from common.sampling import SamplingParams, make_generator, sample
+from common.sampling import SamplingParams, greedy_tokens, make_generator, sample
 
 
 @pytest.mark.parametrize("kwargs,field", [
@@ -36,3 +36,15 @@ def test_top_k_and_top_p_restrict_the_support():
     # softmax(logits) ~ [0.64, 0.24, 0.09, ...]: top_p=0.8 keeps the first two.
     assert {sample(logits, SamplingParams(temperature=1, top_p=0.8), g) for _ in range(300)} == {0, 1}
     assert sample(logits, SamplingParams(temperature=0), None) == 0
+
+
+@pytest.mark.parametrize("vocab", [1024, 49152, 1000, 3000])
+def test_greedy_tokens_equal_argmax_with_ties(vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(9, vocab, generator=gen)
+    top = logits.max() + 1
+    logits[1, [5, vocab - 1]] = top  # a tie inside the vocabulary: the first index wins
+    logits[2, [vocab - 2, vocab - 1]] = top  # a tie in the last chunk
+    logits[3, [1023 % vocab, min(1024, vocab - 1)]] = top  # a tie across a chunk boundary
+    logits[4] = 0.0  # every entry tied
+    assert greedy_tokens(logits) == logits.argmax(-1).tolist()

@@ -51,21 +51,25 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, n_heads, stride_tok, stride_head, HALF
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_D)[None, :]
     mask = (heads < n_heads) & (dims < HALF)
-    cos = tl.load(cos_ptr + tok * HALF + dims, mask=dims < HALF, other=0.0)
-    sin = tl.load(sin_ptr + tok * HALF + dims, mask=dims < HALF, other=0.0)
+    # The tables are (cos, cos) and (-sin, sin) per token (common.ops.rope_tables): x * cos + roll(x) * sin.
+    row = tok * 2 * HALF
+    cos1 = tl.load(cos_ptr + row + dims, mask=dims < HALF, other=0.0)
+    cos2 = tl.load(cos_ptr + row + HALF + dims, mask=dims < HALF, other=0.0)
+    sin1 = tl.load(sin_ptr + row + dims, mask=dims < HALF, other=0.0)
+    sin2 = tl.load(sin_ptr + row + HALF + dims, mask=dims < HALF, other=0.0)
     base = x_ptr + tok * stride_tok + heads * stride_head + dims
     x1 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF, mask=mask, other=0.0).to(tl.float32)
-    tl.store(base, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(base + HALF, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(base, (x1 * cos1 + x2 * sin1).to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(base + HALF, (x2 * cos2 + x1 * sin2).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [tokens, heads, head_dim] in place (the rotate-half layout); cos/sin: [tokens, 1, head_dim / 2] fp32,
-    already looked up at each token's position."""
+    """Rotate x [tokens, heads, head_dim] in place (the rotate-half layout); cos, sin: [tokens, 1, head_dim] fp32,
+    the per-token tables of ``common.ops.rope_tables``."""
     tokens, heads, d = x.shape
     assert x.stride(2) == 1 and d % 2 == 0
-    cos, sin = cos.reshape(tokens, d // 2).contiguous(), sin.reshape(tokens, d // 2).contiguous()
+    cos, sin = cos.reshape(tokens, d).contiguous(), sin.reshape(tokens, d).contiguous()
     _rope_kernel[(tokens,)](x, cos, sin, heads, x.stride(0), x.stride(1), HALF=d // 2,
                             BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(d // 2))
     return x

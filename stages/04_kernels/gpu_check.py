@@ -36,7 +36,7 @@ def kernel_table(console: Console, dtype=torch.bfloat16) -> None:
     x, res, w = (torch.randn(rows, hidden, device=dev, dtype=dtype) for _ in range(3))
     gate_up = torch.randn(rows, 2 * ffn, device=dev, dtype=dtype)
     q = torch.randn(rows, heads, d, device=dev, dtype=dtype)
-    cos = sin = torch.randn(rows, 1, d // 2, device=dev)  # looked up at each token's position
+    cos = sin = torch.randn(rows, 1, d, device=dev)  # per-token tables, as common.ops.rope_tables makes them
     seqs, ctx = 64, 1024
     blocks = seqs * ctx // bs
     kc, vc = (torch.randn(blocks, kvh, bs, d, device=dev, dtype=dtype) for _ in range(2))
