@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 KEY_TILE = 64  # keys per tile: the fixed reduction length of both matmuls
 QUERY_TOKENS = 64  # tokens per query tile of a prefilling sequence
@@ -66,12 +67,17 @@ class AttentionMetadata:
     context_lens: list[int]
     groups: list[TileGroup]
     out_index: torch.Tensor | None  # [tokens * heads]: each q row's place in the groups' output rows (None: in place)
+    plain: "PaddedBatch | None" = None  # set instead of the tiles for plain (not batch-invariant) math
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], num_heads: int, num_kv_heads: int,
               chunk_table: np.ndarray, chunk_len: int, head_stride: int,
-              device: torch.device | str = "cpu") -> "AttentionMetadata":
+              device: torch.device | str = "cpu", batch_invariant: bool = True) -> "AttentionMetadata":
         assert KEY_TILE % chunk_len == 0, "a key tile must be whole chunks"
+        if not batch_invariant:
+            return cls(list(query_lens), list(context_lens), [], None,
+                       PaddedBatch.build(query_lens, context_lens, num_kv_heads, chunk_table, chunk_len, head_stride,
+                                         device))
         n, ctx = np.asarray(query_lens), np.asarray(context_lens)
         first_token = np.concatenate([[0], np.cumsum(n)[:-1]])
         geometry = (num_heads, num_kv_heads, chunk_table, chunk_len, head_stride)
@@ -144,6 +150,8 @@ def attention(q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor,
     (what lies past a sequence's length is masked and never enters the result, but must be
     finite). Returns [tokens, heads, d] in q's dtype.
     """
+    if meta.plain is not None:
+        return meta.plain.attention(q, k_chunks, v_chunks)
     tokens, heads, d = q.shape
     q_flat = q.reshape(tokens * heads, d).float()  # scores are computed in float32
     k_flat, v_flat = k_chunks.reshape(-1, k_chunks.shape[1] * d), v_chunks.reshape(-1, v_chunks.shape[1] * d)
@@ -171,3 +179,39 @@ def _attend(q_flat, k_flat, v_flat, g: TileGroup, d: int) -> torch.Tensor:
     by_key.index_copy_(0, g.pair_slot, partial)
     total = by_key.view(g.tiles, g.max_key_tiles, g.rows, d + 1).cumsum(1)[:, -1]
     return (total[..., :d] / total[..., d:]).to(v_flat.dtype).view(-1, d)
+
+
+@dataclass
+class PaddedBatch:
+    """Plain math, for comparison (``batch_invariant=False``): every sequence padded to the step's longest
+    query and context, and torch's fused attention on the whole batch. Its kernels choose their blocking by
+    shape, so a sequence's bits depend on what it is batched with."""
+    q_index: torch.Tensor  # [seqs * max_query]: the token row each padded query reads
+    q_valid: torch.Tensor  # [seqs * max_query] bool
+    k_chunks: torch.Tensor  # [seqs * kv_heads, key_len // chunk_len] chunks of each stream, in position order
+    allowed: torch.Tensor  # [seqs, 1, max_query, key_len] bool: causal and inside the context
+    max_query: int
+
+    @classmethod
+    def build(cls, query_lens, context_lens, kvh, chunk_table, chunk_len, head_stride, device) -> "PaddedBatch":
+        n, ctx = np.asarray(query_lens), np.asarray(context_lens)
+        max_q, width = int(n.max()), chunk_table.shape[1]
+        first = np.concatenate([[0], np.cumsum(n)[:-1]])
+        i = np.arange(max_q)
+        q_valid = i[None, :] < n[:, None]
+        q_index = np.where(q_valid, first[:, None] + i[None, :], 0)
+        q_pos = np.where(q_valid, ctx[:, None] - n[:, None] + i[None, :], 0)  # padding rows see key 0 only
+        key_pos = np.arange(width * chunk_len)
+        allowed = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < ctx[:, None, None])
+        streams = (chunk_table[:, None, :] + (np.arange(kvh) * head_stride)[None, :, None]).reshape(-1, width)
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+        return cls(t(q_index.reshape(-1)), t(q_valid.reshape(-1)), t(streams), t(allowed[:, None]), max_q)
+
+    def attention(self, q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor) -> torch.Tensor:
+        tokens, heads, d = q.shape
+        seqs = self.allowed.shape[0]
+        qp = q.index_select(0, self.q_index).view(seqs, self.max_query, heads, d).transpose(1, 2)
+        k = k_chunks.index_select(0, self.k_chunks.view(-1)).view(seqs, -1, self.k_chunks.shape[1] * k_chunks.shape[1], d)
+        v = v_chunks.index_select(0, self.k_chunks.view(-1)).view(seqs, -1, self.k_chunks.shape[1] * v_chunks.shape[1], d)
+        out = F.scaled_dot_product_attention(qp, k, v, attn_mask=self.allowed, enable_gqa=True)
+        return out.transpose(1, 2).reshape(seqs * self.max_query, heads, d)[self.q_valid]

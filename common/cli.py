@@ -32,6 +32,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block (stage 03 on)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (stage 03 on)")
     ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--no-batch-invariant", action="store_true",
+                    help="plain torch math (faster; a request's tokens then depend on its batch)")
     ap.add_argument("--toy", action="store_true", help="the 8-request toy run, stages side by side")
     ap.add_argument("--compare", action="store_true", help="run this stage and the previous one side by side")
     ap.add_argument("--timeline", action="store_true", help="draw the slot timeline even for long runs")
@@ -41,7 +43,8 @@ def parser(description: str) -> argparse.ArgumentParser:
 def make_llm(module: str, args: argparse.Namespace):
     """Build a stage's LLM; the same KV budget becomes blocks (stage 03 on) or whole slots (01-02)."""
     cls = importlib.import_module(module).LLM
-    kw = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    kw = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+              batch_invariant=not args.no_batch_invariant)
     if "kv_cache_memory" in inspect.signature(cls.__init__).parameters:
         kw.update(kv_cache_memory=args.kv_memory, block_size=args.block_size,
                   max_num_batched_tokens=args.max_num_batched_tokens,

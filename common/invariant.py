@@ -55,6 +55,7 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.nbytes = weight.numel() * weight.element_size()
         self.row_tile, self.exact_tiles = ROW_TILE, True  # until choose_row_tile finds a larger tile
+        self.plain = False  # batch_invariant=False: one call on the whole batch, whatever the bits
         self.packed = None
         if uses_packed_bf16(weight.device, weight.dtype):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
@@ -71,6 +72,8 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         x = x.contiguous()
+        if self.plain:
+            return self.matmul(x)
         if self.exact_tiles:  # every call on exactly ROW_TILE rows: pad, multiply, drop the padding
             padded = pad_rows(x)
             return torch.cat([self.matmul(padded[i:i + ROW_TILE]) for i in range(0, padded.shape[0], ROW_TILE)])[:rows]

@@ -15,8 +15,8 @@ from common.config import ModelConfig
 
 class ContiguousKVCache:
     def __init__(self, config: ModelConfig, num_slots: int, max_len: int, dtype: torch.dtype,
-                 device: torch.device):
-        self.config = config
+                 device: torch.device, batch_invariant: bool = True):
+        self.config, self.batch_invariant = config, batch_invariant
         self.max_len = max_len
         padded = -(-max_len // KEY_TILE) * KEY_TILE  # attention reads whole key tiles
         shape = (config.num_hidden_layers, num_slots, config.num_key_value_heads, padded, config.head_dim)
@@ -42,7 +42,7 @@ class ContiguousKVCache:
         width = -(-max(context_lens) // KEY_TILE)
         table = (np.asarray(slots)[:, None] * c.num_key_value_heads * tiles_per_row + np.arange(width))
         self.meta = AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, c.num_key_value_heads,
-                                            table, KEY_TILE, tiles_per_row, dev)
+                                            table, KEY_TILE, tiles_per_row, dev, self.batch_invariant)
         self.write_slot = torch.tensor([s for s, n in zip(slots, query_lens) for _ in range(n)], device=dev)
         self.write_pos = torch.tensor([p for n, ctx in zip(query_lens, context_lens)
                                        for p in range(ctx - n, ctx)], device=dev)

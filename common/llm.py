@@ -66,11 +66,15 @@ class BaseLLM:
     model_class = Llama  # stage 04 swaps in a model whose element-wise operations are fused kernels
 
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "cpu",
-                 max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0):
+                 max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0,
+                 batch_invariant: bool = True):
         self.folder = resolve_model(model)
         self.device = resolve_device(device)
         self.dtype = parse_dtype(dtype)
-        self.model = load_model(self.folder, self.dtype, self.device, self.model_class)
+        # batch_invariant=False runs plain torch math (whole-batch matmuls, fused attention): faster, but a
+        # request's tokens then depend on what it is batched with. For measuring what invariance costs.
+        self.batch_invariant = batch_invariant
+        self.model = load_model(self.folder, self.dtype, self.device, self.model_class, batch_invariant)
         self.config = self.model.config
         self.tokenizer = Tokenizer(self.folder)
         limit = self.config.max_position_embeddings

@@ -25,7 +25,7 @@ class AttentionBackend(Protocol):
 
 class Llama:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", batch_invariant: bool = True):
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         w = lambda name: weights[name].to(device=self.device, dtype=dtype)  # noqa: E731
         # Merged projections: one matmul for q, k and v, one for gate and up.
@@ -49,7 +49,13 @@ class Llama:
         freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), inv_freq)
         self.cos, self.sin = freqs.cos().to(self.device), freqs.sin().to(self.device)  # [positions, d / 2]
         linears = [layer[n] for layer in self.layers for n in ("qkv", "o", "gate_up", "down")] + [self.lm_head]
-        self.row_tile_note = choose_row_tile(linears, dtype, self.device)  # e.g. "calls of up to 32 rows ..."
+        self.batch_invariant = batch_invariant
+        if batch_invariant:
+            self.row_tile_note = choose_row_tile(linears, dtype, self.device)  # e.g. "calls of up to 32 rows ..."
+        else:
+            for lin in linears:
+                lin.plain = True
+            self.row_tile_note = "linears: plain math, one matmul per linear on the whole batch (not batch-invariant)"
 
     @property
     def weight_bytes(self) -> int:

@@ -20,7 +20,7 @@ class ReferenceLLM(BaseLLM):
 
     def generate_one(self, seq: Sequence, runner: ModelRunner) -> None:
         max_len = min(len(seq) + seq.params.max_tokens, self.max_model_len)
-        cache = ContiguousKVCache(self.config, 1, max_len, self.dtype, self.device)
+        cache = ContiguousKVCache(self.config, 1, max_len, self.dtype, self.device, self.batch_invariant)
         seq.status = SequenceStatus.RUNNING
         seq.metrics.first_scheduled_time = time.perf_counter()
         while not seq.is_finished:

@@ -147,3 +147,47 @@ def test_rms_norm_row_does_not_depend_on_batch(rows, pick, hidden, dtype, seed, 
     r = (x.float() + res.float()).to(dtype).float()
     expected = w.float() * (r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-5))
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seqs=st.lists(st.tuples(st.integers(1, 90), st.integers(0, 120)), min_size=1, max_size=4),
+       heads=st.sampled_from([(6, 2), (4, 4)]), block_size=st.sampled_from([4, 16]), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**32 - 1))
+def test_plain_attention_matches_torch(seqs, heads, block_size, dtype, seed):
+    """batch_invariant=False: padded batch through torch's fused attention, for comparison; close, not exact."""
+    nh, nkv, d = *heads, 32
+    gen = torch.Generator().manual_seed(seed)
+    qlens, ctx = [n for n, _ in seqs], [n + past for n, past in seqs]
+    store = PagedStorage(gen, ctx, nkv, d, block_size, dtype, 1.0)
+    q = randn(gen, sum(qlens), nh, d, dtype=dtype)
+    g, bs = store.chunk_len, store.bs
+    table = np.zeros((len(seqs), -(-max(ctx) // g)), dtype=np.int64)
+    for i in range(len(seqs)):
+        pos = np.arange(-(-ctx[i] // g)) * g
+        table[i, :pos.size] = np.asarray(store.tables[i])[pos // bs] * nkv * (bs // g) + (pos % bs) // g
+    meta = AttentionMetadata.build(qlens, ctx, nh, nkv, table, g, bs // g, batch_invariant=False)
+    out = attention(q, store.k.view(-1, g, d), store.v.view(-1, g, d), meta)
+    t0 = 0
+    for s, (n, c) in enumerate(zip(qlens, ctx)):
+        k, v = store.keys(s, c)
+        torch.testing.assert_close(out[t0:t0 + n].float(), torch_attention(q[t0:t0 + n], k, v, c - n),
+                                   rtol=3e-2, atol=3e-2)
+        t0 += n
+
+
+def test_plain_math_step_is_close_to_the_invariant_one():
+    """The same step on the real model, plain math vs batch-invariant math: the logits agree closely."""
+    from common.kv_cache import ContiguousKVCache
+    from common.loader import load_model
+    from common.paths import resolve_model
+    logits = {}
+    for invariant in (True, False):
+        model = load_model(resolve_model("smollm2-135m"), "float32", batch_invariant=invariant)
+        cache = ContiguousKVCache(model.config, 3, 128, torch.float32, CPU, batch_invariant=invariant)
+        lens = [40, 7, 19]
+        ids = torch.randint(0, 49152, (sum(lens),), generator=torch.Generator().manual_seed(0))
+        cache.prepare([0, 1, 2], lens, lens)
+        positions = torch.cat([torch.arange(n) for n in lens])
+        hidden = model.forward(ids, positions, cache)
+        logits[invariant] = model.compute_logits(hidden[torch.tensor(np.cumsum(lens) - 1)])
+    torch.testing.assert_close(logits[False], logits[True], rtol=1e-3, atol=1e-3)

@@ -43,7 +43,7 @@ class LLM(BaseLLM):
     def run_batch(self, batch: list[Sequence], runner: ModelRunner) -> None:
         # One contiguous buffer, padded to the longest request the batch can grow to.
         max_len = max(min(len(s) + s.params.max_tokens, self.max_model_len) for s in batch)
-        cache = ContiguousKVCache(self.config, len(batch), max_len, self.dtype, self.device)
+        cache = ContiguousKVCache(self.config, len(batch), max_len, self.dtype, self.device, self.batch_invariant)
         self.stats.kv_bytes_reserved = max(self.stats.kv_bytes_reserved, cache.reserved_bytes)
         now = time.perf_counter()
         for seq in batch:

@@ -50,7 +50,8 @@ class LLM(static.LLM):
         scheduler = Scheduler(self.max_num_seqs)
         for seq in seqs:
             scheduler.add(seq)
-        cache = ContiguousKVCache(self.config, self.max_num_seqs, self.max_model_len, self.dtype, self.device)
+        cache = ContiguousKVCache(self.config, self.max_num_seqs, self.max_model_len, self.dtype, self.device,
+                                  self.batch_invariant)
         self.stats.kv_bytes_reserved = cache.reserved_bytes
         runner = ModelRunner(self.model)
         while scheduler.has_work():

@@ -44,7 +44,8 @@ class LLM(continuous.LLM):
         self.enable_prefix_caching = enable_prefix_caching
         self.kv_budget_bytes = budget
         self.block_manager = BlockManager(budget // per_block, block_size)
-        self.cache = self.cache_class(self.config, self.block_manager.num_blocks, block_size, self.dtype, self.device)
+        self.cache = self.cache_class(self.config, self.block_manager.num_blocks, block_size, self.dtype, self.device,
+                                      self.batch_invariant)
         self.runner = ModelRunner(self.model)
 
     @property

@@ -21,8 +21,8 @@ from common.sequence import Sequence
 
 class PagedKVCache:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device):
-        self.config, self.block_size = config, block_size
+                 device: torch.device, batch_invariant: bool = True):
+        self.config, self.block_size, self.batch_invariant = config, block_size, batch_invariant
         shape = (config.num_hidden_layers, num_blocks, config.num_key_value_heads, block_size, config.head_dim)
         # Zeros, not empty: masked positions are still read, and must be finite.
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -63,7 +63,7 @@ class PagedKVCache:
             n = min(width, -(-context_lens[i] // g))
             table[i, :n] = blocks[chunk_pos[:n] // bs] * c.num_key_value_heads * (bs // g) + (chunk_pos[:n] % bs) // g
         return AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, c.num_key_value_heads,
-                                       table, g, bs // g, self.k.device)
+                                       table, g, bs // g, self.k.device, self.batch_invariant)
 
     def chunks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's keys and values as [chunks, chunk_len, head_dim], the attention's view."""
