@@ -69,8 +69,9 @@ class Llama:
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor):
         return ops.add_rms_norm(x, residual, weight, self.config.rms_norm_eps)
 
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return ops.rope(x, cos, sin)
+    def rope_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        c = self.config
+        return ops.rope_qkv(qkv, cos, sin, c.num_attention_heads, c.num_key_value_heads)
 
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         return ops.swiglu(gate_up)
@@ -79,17 +80,13 @@ class Llama:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: AttentionBackend) -> torch.Tensor:
         """Hidden states [tokens, hidden] for a flattened step of one or many sequences."""
-        c = self.config
         tokens = input_ids.shape[0]
-        nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         cos, sin = ops.rope_tables(self.cos[positions], self.sin[positions])  # once per step
         h, residual = self.embed[input_ids], None
         for i, layer in enumerate(self.layers):
             h, residual = self.add_rms_norm(h, residual, layer["attn_norm"])
-            qkv = layer["qkv"](h)
-            qk = self.rope(qkv[:, :(nq + nkv) * d].view(tokens, nq + nkv, d), cos, sin)  # q and k heads at once
-            v = qkv[:, (nq + nkv) * d:].view(tokens, nkv, d)
-            o = attention(i, qk[:, :nq], qk[:, nq:], v).reshape(tokens, nq * d)
+            q, k, v = self.rope_qkv(layer["qkv"](h), cos, sin)
+            o = attention(i, q, k, v).reshape(tokens, -1)
             h, residual = self.add_rms_norm(layer["o"](o), residual, layer["mlp_norm"])
             h = layer["down"](self.swiglu(layer["gate_up"](h)))
         h, _ = self.add_rms_norm(h, residual, self.norm)

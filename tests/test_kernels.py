@@ -26,17 +26,25 @@ def randn(*shape, dtype=torch.float32, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(DEVICE)
 
 
+def same_as_reference(got, expected, dtype):
+    """Compiled on CUDA the kernels reproduce common.ops bit for bit; the CPU interpreter is bit-exact in float32
+    only (it truncates float32 -> 16-bit stores instead of rounding, and its exp is numpy's)."""
+    if DEVICE == "cuda" or dtype == torch.float32:
+        assert torch.equal(got, expected)
+    else:
+        torch.testing.assert_close(got.float(), expected.float(), **TOL[dtype])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows, hidden, with_residual", [(3, 48, True), (5, 100, False), (2, 576, True)])
+@pytest.mark.parametrize("rows, hidden, with_residual", [(3, 48, True), (5, 96, False), (2, 576, True)])
 def test_add_rms_norm(dtype, rows, hidden, with_residual):
-    x, res, w = randn(rows, hidden, dtype=dtype), randn(rows, hidden, dtype=dtype, seed=1), randn(hidden, dtype=dtype, seed=2)
-    expected_res = (x.float() + res.float()) if with_residual else x.float()
+    x, res = randn(rows, hidden, dtype=dtype) * 4, randn(rows, hidden, dtype=dtype, seed=1) * 4
+    w = randn(hidden, dtype=dtype, seed=2)
+    expected, expected_res = ops.add_rms_norm(x, res.clone() if with_residual else None, w, 1e-5)
     out, new_res = ew.add_rms_norm(x, res if with_residual else None, w, 1e-5)
     assert new_res.data_ptr() == (res if with_residual else x).data_ptr()  # updated in place
-    expected = expected_res.to(dtype).float()
-    expected = w.float() * expected * torch.rsqrt(expected.pow(2).mean(-1, keepdim=True) + 1e-5)
-    torch.testing.assert_close(new_res.float(), expected_res.to(dtype).float(), **TOL[dtype])
-    torch.testing.assert_close(out.float(), expected, **TOL[dtype])
+    same_as_reference(new_res, expected_res, dtype)
+    same_as_reference(out, expected, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -45,24 +53,23 @@ def test_rope_in_place(dtype, tokens, heads, head_dim):
     x = randn(tokens, heads, head_dim, dtype=dtype)
     positions = torch.tensor([7, 0, 300, 42][:tokens], device=DEVICE)
     inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
-    freqs = torch.outer(torch.arange(512).float(), inv)
-    cos, sin = torch.cat([freqs, freqs], -1).cos().to(DEVICE), torch.cat([freqs, freqs], -1).sin().to(DEVICE)
-    xf = x.float()
-    half = head_dim // 2
-    rotated = torch.cat([-xf[..., half:], xf[..., :half]], -1)
-    expected = xf * cos[positions][:, None] + rotated * sin[positions][:, None]
-    half = head_dim // 2
-    got = ew.rope_(x, *ops.rope_tables(cos[positions][:, :half], sin[positions][:, :half]))
+    freqs = torch.outer(torch.arange(512).float(), inv).to(DEVICE)
+    cos, sin = ops.rope_tables(freqs.cos()[positions], freqs.sin()[positions])
+    expected = ops.rope(x, cos, sin)
+    got = ew.rope_(x, cos, sin)
     assert got.data_ptr() == x.data_ptr()
-    torch.testing.assert_close(x.float(), expected, **TOL[dtype])
+    same_as_reference(x, expected, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, ffn", [(3, 40), (2, 1536), (1, 7)])
 def test_swiglu(dtype, rows, ffn):
-    gate_up = randn(rows, 2 * ffn, dtype=dtype)
-    gate, up = gate_up.float().chunk(2, -1)
-    torch.testing.assert_close(ew.swiglu(gate_up).float(), torch.nn.functional.silu(gate) * up, **TOL[dtype])
+    gate_up = randn(rows, 2 * ffn, dtype=dtype) * 3
+    got, expected = ew.swiglu(gate_up), ops.swiglu(gate_up)
+    if DEVICE == "cuda":
+        assert torch.equal(got, expected)
+    else:  # numpy's exp in the interpreter vs torch's vectorized exp: equal to a unit in the last place
+        torch.testing.assert_close(got.float(), expected.float(), **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

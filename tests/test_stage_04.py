@@ -27,7 +27,7 @@ def test_same_tokens_as_reference_on_cpu(reference, workload, max_num_seqs, kv_b
     need = max(-(-(len(p) + sp.max_tokens) // 16) for p, sp in zip(prompts, params))
     llm = kernels.LLM("tiny", max_num_seqs=max_num_seqs, kv_cache_memory=(need + kv_blocks) * 16 * 512,
                       max_num_batched_tokens=max_num_seqs + 32)
-    assert "torch path on cpu" in llm.execution_path
+    assert "fused CPU kernels" in llm.execution_path
     got, expected = llm.generate(prompts, params), reference.generate(prompts, params)
     assert [(g.token_ids, g.finish_reason) for g in got] == [(e.token_ids, e.finish_reason) for e in expected]
 
@@ -51,7 +51,7 @@ def test_command_line_says_which_path_it_took():
     out = subprocess.run([sys.executable, "-m", "stages.04_kernels", "--toy"], cwd=ROOT, text=True,
                          capture_output=True, timeout=300, env={**os.environ, "COLUMNS": "120"})
     assert out.returncode == 0, out.stderr
-    assert "stage 04 path: torch path on cpu" in out.stdout
+    assert "stage 04 path: fused CPU kernels" in out.stdout
     assert "04 kernels: 112 steps" in out.stdout
 
 
@@ -62,3 +62,31 @@ def test_gpu_check_refuses_without_cuda():
     out = subprocess.run([sys.executable, "-m", "stages.04_kernels", "--gpu-check"], cwd=ROOT, text=True,
                          capture_output=True, timeout=300)
     assert out.returncode == 2 and "needs a CUDA device" in out.stdout
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fused_cpu_kernels_give_the_reference_bits(dtype):
+    """The AOTInductor kernels of common.ops against the eager functions: hidden states and logits bit for bit,
+    on the real model, for a step that mixes a prefill chunk with decodes."""
+    import torch
+
+    from common.kv_cache import ContiguousKVCache
+    from common.loader import load_model
+    from common.paths import resolve_model
+    from stages import __name__ as _  # noqa: F401
+    kernel_model = importlib.import_module("stages.04_kernels.model")
+    folder = resolve_model("smollm2-135m")
+    reference = load_model(folder, dtype)
+    fused = load_model(folder, dtype, model_class=kernel_model.KernelLlama)
+    assert fused.fused is not None
+    lens, ctx = [37, 1, 1, 5], [37, 60, 9, 20]
+    ids = torch.randint(0, 49152, (sum(lens),), generator=torch.Generator().manual_seed(1))
+    positions = torch.cat([torch.arange(c - n, c) for n, c in zip(lens, ctx)])
+    results = []
+    for model in (reference, fused):
+        cache = ContiguousKVCache(model.config, 4, 64, model.dtype, model.device)
+        cache.prepare([0, 1, 2, 3], lens, ctx)
+        hidden = model.forward(ids, positions, cache)
+        results.append((hidden, model.compute_logits(hidden)))
+    assert fused.fused.calls > 0
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])

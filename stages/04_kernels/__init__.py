@@ -1,9 +1,10 @@
-"""Stage 04: fused Triton kernels for the hot path (CUDA), stage 03's torch code elsewhere.
+"""Stage 04: fused kernels for the hot path: Triton on CUDA, AOTInductor-compiled C++ on CPU.
 
-The kernel modules (`elementwise`, `paged_attention`) import triton; they are loaded
-only when a CUDA device will run them, or by the tests (interpreted on CPU)."""
+The Triton modules (`elementwise`, `paged_attention`) import triton; they are loaded only when a
+CUDA device will run them, or by the tests (interpreted on CPU). `cpu_fusion` compiles the
+reference's own element-wise functions (common/ops.py) once per machine and caches them."""
 from .engine import LLM
 from .kernel_cache import KernelPagedCache
-from .model import KernelLlama, kernels_available
+from .model import KernelLlama, describe_path, kernels_available
 
-__all__ = ["LLM", "KernelLlama", "KernelPagedCache", "kernels_available"]
+__all__ = ["LLM", "KernelLlama", "KernelPagedCache", "describe_path", "kernels_available"]

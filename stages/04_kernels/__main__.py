@@ -1,10 +1,14 @@
-"""python -m stages.04_kernels [--compare] [--gpu-check]: stage 04 (fused kernels on CUDA), says which path ran."""
+"""python -m stages.04_kernels [--compare] [--gpu-check]: stage 04 (fused kernels: Triton on CUDA, AOTInductor on
+CPU), says which path ran."""
 import importlib
 import sys
 
+import torch
 from rich.console import Console
 
 from common.cli import parser, run
+
+from .model import describe_path
 
 if __name__ == "__main__":
     ap = parser(__doc__)
@@ -12,7 +16,5 @@ if __name__ == "__main__":
     args = ap.parse_args()
     if args.gpu_check:
         sys.exit(importlib.import_module("stages.04_kernels.gpu_check").main())
-    from .model import kernels_available
-    import torch
-    Console().print(f"[bold]stage 04 path:[/] {kernels_available(torch.device(args.device))[1]}")
+    Console().print(f"[bold]stage 04 path:[/] {describe_path(torch.device(args.device))}")
     run(["stages.03_paged_kv", "stages.04_kernels"] if args.compare else ["stages.04_kernels"], args)

@@ -24,13 +24,14 @@ def kernel_specs(dtype: str = "bf16", head_dim: int = 64, group: int = 3, kv_hea
     p = f"*{dtype}"
     return {
         "add_rms_norm": (ew._add_rms_norm_kernel, {"x_ptr": p, "res_ptr": p, "w_ptr": p, "out_ptr": p,
-                         "n_cols": "i32", "eps": "fp32"}, {"HAS_RESIDUAL": True, "BLOCK": triton.next_power_of_2(hidden)}),
+                         "n_cols": "i32", "eps": "fp32"}, {"HAS_RESIDUAL": True, "BLOCK": triton.next_power_of_2(hidden),
+                                                  "LANES": ew.LANES}),
         "rope": (ew._rope_kernel, {"x_ptr": p, "cos_ptr": "*fp32", "sin_ptr": "*fp32",
                  "n_heads": "i32", "stride_tok": "i32", "stride_head": "i32"},
                  {"HALF": head_dim // 2, "BLOCK_H": triton.next_power_of_2(group * kv_heads),
                   "BLOCK_D": triton.next_power_of_2(head_dim // 2)}),
         "swiglu": (ew._swiglu_kernel, {"gate_up_ptr": p, "out_ptr": p, "n_cols": "i32"},
-                   {"BLOCK": min(1024, triton.next_power_of_2(ffn))}),
+                   {"BLOCK": min(1024, triton.next_power_of_2(ffn)), "LIBDEVICE_EXP": True}),
         "store_kv": (ew._store_kv_kernel, {"k_ptr": p, "v_ptr": p, "k_cache_ptr": p, "v_cache_ptr": p,
                      "rows_ptr": "*i64"}, {"HEAD_DIM": head_dim, "BLOCK": triton.next_power_of_2(head_dim)}),
         "paged_decode_split": (pa._split_kernel, {
@@ -50,7 +51,7 @@ def compile_for(kernel, signature: dict, constexprs: dict, target: GPUTarget = S
     fn = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
     signature = {**signature, **{name: "constexpr" for name in constexprs}}
     signature = {name: signature[name] for name in fn.arg_names}
-    return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=target)
+    return triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=target, options=dict(ew.EXACT))
 
 
 def compile_all(**shape) -> dict[str, int]:

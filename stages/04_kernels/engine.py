@@ -1,8 +1,8 @@
 """Stage 04: stage 03's engine with its hot operations as fused Triton kernels.
 
 Nothing about scheduling, paging or caching changes: the model's element-wise
-operations (`KernelLlama`) and the KV cache's write and decode attention
-(`KernelPagedCache`) run as kernels on CUDA, and as stage 03's torch code on CPU.
+operations (`KernelLlama`) run as fused kernels (Triton on CUDA, AOTInductor on CPU), and
+the KV cache's write and decode attention (`KernelPagedCache`) as Triton kernels on CUDA.
 """
 from __future__ import annotations
 

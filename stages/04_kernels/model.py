@@ -1,7 +1,6 @@
-"""The Llama forward pass with its element-wise operations fused into Triton kernels (CUDA only).
-
-On CPU every method falls back to the torch version in `common.model`: the
-Triton interpreter is far too slow to serve with, and tokens stay the reference's.
+"""The Llama forward pass with its element-wise operations fused: Triton kernels on CUDA,
+AOTInductor-compiled C++ kernels on CPU. Both reproduce ``common.ops`` bit for bit, so the
+tokens stay the reference's.
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ def kernels_available(device: torch.device) -> tuple[bool, str]:
     if os.environ.get("STEPWISE_FORCE_KERNELS") == "1":  # tests: the kernels interpreted on CPU
         return True, "Triton kernels forced on (STEPWISE_FORCE_KERNELS=1)"
     if device.type != "cuda":
-        return False, f"torch path on {device.type}: the Triton kernels need CUDA (tests run them interpreted)"
+        return False, f"no Triton on {device.type}"
     try:
         import triton
     except ImportError:
@@ -25,22 +24,51 @@ def kernels_available(device: torch.device) -> tuple[bool, str]:
     return True, f"Triton {triton.__version__} kernels on {torch.cuda.get_device_name(device)}"
 
 
+def describe_path(device: torch.device) -> str:
+    """Which fused kernels a stage-04 engine on ``device`` runs (before building one)."""
+    available, path = kernels_available(device)
+    if available:
+        return path
+    if device.type == "cpu" and os.environ.get("STEPWISE_NO_FUSION") != "1":
+        return "fused CPU kernels (AOTInductor, compiled once per machine and model, then cached)"
+    return f"torch path on {device.type} ({path})"
+
+
 class KernelLlama(Llama):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.use_kernels, self.path = kernels_available(self.device)
+        self.fused = None
         if self.use_kernels:
             from . import elementwise
             self.kernels = elementwise
+        elif self.device.type == "cpu" and os.environ.get("STEPWISE_NO_FUSION") != "1":
+            from .cpu_fusion import FusedCPU
+            self.fused = FusedCPU(self.config, self.dtype)
+            self.path = f"fused CPU kernels ({self.fused.note})"
+        else:
+            self.path = f"torch path on {self.device.type} ({self.path})"
 
     def add_rms_norm(self, x, residual, weight):
-        if not self.use_kernels:
-            return super().add_rms_norm(x, residual, weight)
-        return self.kernels.add_rms_norm(x, residual, weight, self.config.rms_norm_eps)
+        if self.use_kernels:
+            return self.kernels.add_rms_norm(x, residual, weight, self.config.rms_norm_eps)
+        if self.fused is not None and residual is not None:
+            return self.fused.add_rms_norm(x, residual, weight)
+        return super().add_rms_norm(x, residual, weight)
 
-    def rope(self, x, cos, sin):
-        # x is a strided view into the fused qkv output: the kernel rotates it where it lies.
-        return self.kernels.rope_(x, cos, sin) if self.use_kernels else super().rope(x, cos, sin)
+    def rope_qkv(self, qkv, cos, sin):
+        if self.fused is not None:
+            return self.fused.rope_qkv(qkv, cos, sin)
+        if not self.use_kernels:
+            return super().rope_qkv(qkv, cos, sin)
+        # The kernel rotates q and k where they lie in the merged projection's output.
+        nq, nkv, d = self.config.num_attention_heads, self.config.num_key_value_heads, self.config.head_dim
+        qk = self.kernels.rope_(qkv[:, :(nq + nkv) * d].view(-1, nq + nkv, d), cos, sin)
+        return qk[:, :nq], qk[:, nq:], qkv[:, (nq + nkv) * d:].view(-1, nkv, d)
 
     def swiglu(self, gate_up):
-        return self.kernels.swiglu(gate_up) if self.use_kernels else super().swiglu(gate_up)
+        if self.use_kernels:
+            return self.kernels.swiglu(gate_up)
+        if self.fused is not None:
+            return self.fused.swiglu(gate_up)
+        return super().swiglu(gate_up)
