@@ -89,7 +89,8 @@ class FusedCPU:
                 self.compile_seconds += time.perf_counter() - compiled
             self.kernels[name] = torch._inductor.aoti_load_package(str(path))
         self.load_seconds = time.perf_counter() - start - self.compile_seconds
-        self.calls = 0  # kernel calls, for the op counters of the fusion report
+        self.calls = 0  # kernel calls
+        self.counter = None  # fusion_report.StepCounter while the report counts a step
 
     @property
     def note(self) -> str:
@@ -97,16 +98,21 @@ class FusedCPU:
         return f"{len(self.kernels)} AOTInductor kernels, {how}"
 
     def add_rms_norm(self, x, residual, weight):
-        self.calls += 1
-        return tuple(self.kernels["add_rms_norm"](x.contiguous(), residual, weight))
+        return self._call("add_rms_norm", x.contiguous(), residual, weight)
 
     def rope_qkv(self, qkv, cos, sin):
-        self.calls += 1
-        return tuple(self.kernels["rope_qkv"](qkv.contiguous(), cos, sin))
+        return self._call("rope_qkv", qkv.contiguous(), cos, sin)
 
     def swiglu(self, gate_up):
+        return self._call("swiglu", gate_up.contiguous())[0]
+
+    def _call(self, name: str, *inputs) -> tuple[torch.Tensor, ...]:
         self.calls += 1
-        return self.kernels["swiglu"](gate_up.contiguous())
+        outputs = self.kernels[name](*inputs)
+        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)  # one output comes bare
+        if self.counter is not None:
+            self.counter.record(f"fused {name}", inputs, outputs)
+        return outputs
 
 
 def _cache_key(config: ModelConfig, dtype: torch.dtype) -> str:

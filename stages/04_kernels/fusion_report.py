@@ -1,0 +1,120 @@
+"""`python -m stages.04_kernels --fusion`: what fusion removes from a decode step, counted by the code itself.
+
+The same batch of requests is brought to the same point by stage 03 and by stage 04, and one
+decode step of each is run under a counter that sees every tensor operation torch executes
+(views excluded: they move no data). A fused kernel call counts as one operation, moving
+its inputs and outputs once. "Bytes moved" adds every operation's input and output bytes: the
+memory traffic the step would cost if nothing stayed in cache.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from collections import Counter
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from common import workloads
+from common.sampling import SamplingParams
+
+VIEWS = {"view", "_unsafe_view", "as_strided", "slice", "select", "unsqueeze", "squeeze", "expand", "t", "transpose",
+         "permute", "alias", "detach", "_reshape_alias", "unbind", "split", "chunk", "narrow", "split_with_sizes",
+         "lift_fresh", "_to_copy_noop"}
+MAYBE_VIEWS = {"reshape", "contiguous", "flatten", "reshape_as", "view_as"}  # views when the layout allows
+GATHERS = {"index_select", "index", "embedding"}
+SCATTERS = {"index_copy_", "index_copy", "index_put_", "_index_put_impl_"}
+
+
+def nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes(v) for v in value)
+    return 0
+
+
+class StepCounter(TorchDispatchMode):
+    """Counts tensor operations and the bytes they read and write."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.bytes, self.by_op, self.bytes_by_op = 0, 0, Counter(), Counter()
+
+    def record(self, name: str, inputs, outputs) -> None:
+        self.ops += 1
+        moved = nbytes(inputs) + nbytes(outputs)
+        self.bytes += moved
+        self.by_op[name] += 1
+        self.bytes_by_op[name] += moved
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in GATHERS:  # reads the gathered rows (not the whole source) and writes them
+            self.record(name, [out] + [a for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point()], out)
+        elif name in SCATTERS:  # reads the values and writes them into place (not the whole destination)
+            values = args[-1] if isinstance(args[-1], torch.Tensor) else args[3]
+            self.record(name, [values] + [a for a in args[1:] if isinstance(a, torch.Tensor) and a is not values], values)
+        elif name in MAYBE_VIEWS and isinstance(out, torch.Tensor) and any(
+                isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+                for a in args):
+            pass  # returned a view: no data moved
+        elif name not in VIEWS:
+            self.record(name, list(args) + list((kwargs or {}).values()), out)
+        return out
+
+
+def decode_step_counts(module: str, requests: int, context: int) -> dict:
+    """Run ``requests`` chat requests to about ``context`` tokens, then count one decode step."""
+    stage = importlib.import_module(module)
+    llm = stage.LLM("smollm2-135m", max_num_seqs=requests, max_num_batched_tokens=4096)
+    prompts, _ = workloads.chat(llm.tokenizer, requests)
+    params = SamplingParams(temperature=0, max_tokens=4 * context, ignore_eos=True)
+    scheduler = importlib.import_module("stages.03_paged_kv.scheduler")
+    llm.scheduler = scheduler.Scheduler(llm.block_manager, llm.max_num_seqs, llm.max_num_batched_tokens, True)
+    llm.timeline, llm.block_timeline = [], []
+    for prompt in prompts:
+        llm.scheduler.add(llm.make_sequence(prompt, params))
+    while llm.scheduler.waiting or min(len(s) for s in llm.scheduler.running) < context:
+        llm.step()
+    fused = getattr(llm.model, "fused", None)
+    counter = StepCounter()
+    if fused is not None:
+        fused.counter = counter
+    with counter:
+        llm.step()
+    if fused is not None:
+        fused.counter = None
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        llm.step()
+        times.append(time.perf_counter() - start)
+    return {"ops": counter.ops, "bytes": counter.bytes, "by_op": counter.by_op, "bytes_by_op": counter.bytes_by_op, "step ms": 1e3 * min(times),
+            "path": getattr(llm, "execution_path", "torch")}
+
+
+def main(requests: int = 32, context: int = 128) -> None:
+    console = Console()
+    rows = {name: decode_step_counts(module, requests, context)
+            for name, module in (("03 paged (unfused)", "stages.03_paged_kv"), ("04 kernels (fused)", "stages.04_kernels"))}
+    table = Table(title=f"one decode step: {requests} requests at ~{context} tokens, SmolLM2-135M, bfloat16")
+    table.add_column("figure")
+    for name in rows:
+        table.add_column(name, justify="right")
+    a, b = rows.values()
+    table.add_row("tensor operations", f"{a['ops']:,}", f"{b['ops']:,}")
+    table.add_row("bytes moved (MB)", f"{a['bytes'] / 1e6:,.1f}", f"{b['bytes'] / 1e6:,.1f}")
+    table.add_row("fastest of 20 steps (ms)", f"{a['step ms']:.1f}", f"{b['step ms']:.1f}")
+    console.print(table)
+    fused_ops = {k: v for k, v in b["by_op"].items() if k.startswith("fused ")}
+    console.print(f"fused kernel calls per step: {dict(fused_ops)}; stage 04 path: {b['path']}")
+    for name, r in rows.items():
+        top = ", ".join(f"{k} {v / 1e6:,.0f}" for k, v in r["bytes_by_op"].most_common(8))
+        console.print(f"{name}, MB moved by the largest: {top}")
+    gone = {k: a["by_op"][k] - b["by_op"].get(k, 0) for k in a["by_op"] if a["by_op"][k] > b["by_op"].get(k, 0)}
+    console.print("operations fusion removed per step: " + ", ".join(f"{k} {v}" for k, v in sorted(gone.items(),
+                                                                                                   key=lambda x: -x[1])))
