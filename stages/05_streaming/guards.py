@@ -12,7 +12,7 @@ import hmac
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from .protocol import APIError
+from .errors import APIError
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full 8,192-token context as text or token ids is far below it
 

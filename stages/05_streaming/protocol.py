@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from common.sampling import SamplingParams
 from common.validate import InvalidParam, check_text, clip
 
+from .errors import APIError
+
 MAX_DEPTH = 16  # the deepest valid body is 5 levels (messages -> message -> content -> part -> text)
 # OpenAI fields that are not implemented, each with the values that mean "off" (those are accepted).
 UNSUPPORTED = {"logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
@@ -24,16 +26,6 @@ UNSUPPORTED = {"logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "be
                "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],), "prediction": (),
                "reasoning_effort": (), "web_search_options": (), "min_tokens": (0,), "repetition_penalty": (1, 1.0)}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}  # no effect on the output
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class Strict(BaseModel):

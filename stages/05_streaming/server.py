@@ -11,49 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 import uuid
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException
 
 from common.validate import clip
 
 from .engine import LLM, QueueFull, RequestStream
+from .errors import AnswerErrorsRoute, APIError, install_error_handlers, internal_error, log
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
+from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
 from .shutdown import Drain, serve  # noqa: F401 - `serve` is this module's entry point
-
-log = logging.getLogger("stepwise.server")
 
 
 def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | None = None, docs: bool = False,
                allowed_origins: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     guards, drain = Guards(api_key, allowed_origins, max_body_bytes), Drain(llm)
     app = FastAPI(title="stepwise", version="0.1.0", lifespan=drain.lifespan,
-                  dependencies=[Depends(guards.check_origin)], docs_url="/docs" if docs else None, redoc_url=None, openapi_url="/openapi.json" if docs else None)
+                  dependencies=[Depends(guards.check_origin)], docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
     app.state.drain = drain
+    app.router.route_class = AnswerErrorsRoute
+    install_error_handlers(app)
     if allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(guards.check_api_key)])
-
-    @app.exception_handler(APIError)
-    async def api_error(_, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, e: HTTPException):
-        what = {404: "no such route", 405: "method not allowed"}.get(e.status_code, str(e.detail))
-        error = APIError(e.status_code, f"{what}: {request.method} {clip(request.url.path, 60)}")
-        return JSONResponse(error.body(), status_code=e.status_code, headers=e.headers)
-
-    @app.exception_handler(Exception)
-    async def unexpected(_, e: Exception):  # logged by uvicorn; the client still gets an answer
-        return JSONResponse(internal_error(e).body(), status_code=500)
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(guards.check_api_key)], route_class=AnswerErrorsRoute)
 
     async def read(request: Request, model: type):
         req = parse_request(await guards.read_body(request), model)
@@ -204,11 +190,6 @@ def ended_early(chunk) -> APIError:
     if chunk.finish_reason == "abort":
         return APIError(503, "the server is shutting down; the request was stopped", kind="server_overloaded")
     return APIError(500, chunk.error or "the engine failed", kind="server_error")
-
-
-def internal_error(e: Exception) -> APIError:
-    return APIError(500, f"internal server error ({type(e).__name__}); the request was not completed",
-                    kind="server_error")
 
 
 async def disconnected(request: Request) -> None:
