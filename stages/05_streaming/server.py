@@ -10,13 +10,12 @@ whose client goes away, streaming or not, is aborted: its blocks return at the n
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from common.validate import clip
 
@@ -24,6 +23,7 @@ from .engine import LLM, QueueFull, RequestStream
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers, internal_error, log
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
+from .responses import ClosingStream, choice, ended_early, sse
 from .shutdown import Drain, serve  # noqa: F401 - `serve` is this module's entry point
 
 
@@ -72,10 +72,8 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | Non
 
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            return StreamingResponse(events(stream, head | {"object": head["object"] + ".chunk" * chat}, chat,
-                                            usage if include_usage else None),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return ClosingStream(events(stream, head | {"object": head["object"] + ".chunk" * chat}, chat,
+                                        usage if include_usage else None), on_close=lambda: finish(stream))
         chunks = await collect(request, stream)
         if chunks is None:  # the client went away; nobody reads this
             return Response(status_code=499)
@@ -89,24 +87,21 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | Non
     async def events(stream: RequestStream, head: dict, chat: bool, usage):
         first, tokens = True, 0
         try:
-            try:
-                async for chunk in stream:
-                    tokens += len(chunk.token_ids)
-                    if chunk.finish_reason in ("abort", "error"):
-                        yield sse(ended_early(chunk).body())
-                        break
-                    if chunk.text or chunk.finish_reason or first:
-                        data = head | {"choices": [choice(chat, chunk.text, chunk.finish_reason, first)]}
-                        if chunk.finish_reason and usage is not None:
-                            data["usage"] = usage(tokens)
-                        yield sse(data)
-                        first = False
-            except Exception as e:  # noqa: BLE001 - never cut a stream: say what happened, then end it
-                log.exception("stream failed")
-                yield sse(internal_error(e).body())
-            yield "data: [DONE]\n\n"
-        finally:  # done, failed, or the client went away (cancelled): free its blocks at the next step
-            finish(stream)
+            async for chunk in stream:
+                tokens += len(chunk.token_ids)
+                if chunk.finish_reason in ("abort", "error"):
+                    yield sse(ended_early(chunk).body())
+                    break
+                if chunk.text or chunk.finish_reason or first:
+                    data = head | {"choices": [choice(chat, chunk.text, chunk.finish_reason, first)]}
+                    if chunk.finish_reason and usage is not None:
+                        data["usage"] = usage(tokens)
+                    yield sse(data)
+                    first = False
+        except Exception as e:  # noqa: BLE001 - never cut a stream: say what happened, then end it
+            log.exception("stream failed")
+            yield sse(internal_error(e).body())
+        yield "data: [DONE]\n\n"
 
     async def collect(request: Request, stream: RequestStream):
         """A non-streaming request's chunks; None if its client disconnected first (the request is aborted)."""
@@ -129,6 +124,7 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | Non
         return chunks
 
     def finish(stream: RequestStream) -> None:
+        """The request is answered or its client gone: if it still runs, abort it (its blocks return next step)."""
         if not stream.done.is_set():
             llm.abort(stream.request_id)
         drain.active.discard(stream.request_id)
@@ -172,24 +168,6 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | Non
 
     app.include_router(v1)
     return app
-
-
-def choice(chat: bool, text: str, finish: str | None, first: bool = False) -> dict:
-    if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-
-
-def sse(data: dict) -> str:
-    return f"data: {json.dumps(data)}\n\n"
-
-
-def ended_early(chunk) -> APIError:
-    """The request was aborted (the server is shutting down) or failed in the engine."""
-    if chunk.finish_reason == "abort":
-        return APIError(503, "the server is shutting down; the request was stopped", kind="server_overloaded")
-    return APIError(500, chunk.error or "the engine failed", kind="server_error")
 
 
 async def disconnected(request: Request) -> None:
