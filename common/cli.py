@@ -74,13 +74,18 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
                                           llm.config.vocab_size, system=system)
         outputs = llm.generate(prompts, params, progress=True)
         name = STAGE_NAMES.get(module, module)
+        failed = [o for o in outputs if o.finish_reason == "error"]
+        if failed and len(failed) == len(outputs):  # nothing ran: a table of zeros would only hide the reason
+            raise SystemExit(f"{name}: every request failed: {failed[0].error}")
+        if failed:
+            console.print(f"[bold red]{name}: {len(failed)} of {len(outputs)} requests failed[/]: {failed[0].error}")
         rows[name] = summary_row(llm.stats, outputs, llm.max_num_seqs)
         timelines[name] = llm.timeline
         if hasattr(llm, "block_timeline"):
             blocks[name] = (llm.block_timeline, llm.block_manager.num_blocks)
         if args.workload == "chat" and len(stage_modules) == 1:
             for o in outputs[:2]:
-                console.print(f"[bold green]{o.text[:200]!r}[/] ({o.finish_reason})")
+                console.print(f"[bold green]{o.text[:200]!r}[/] ({o.finish_reason}{': ' + o.error if o.error else ''})")
     for name, steps in timelines.items():
         if args.timeline or len(steps) <= 300:
             print_timeline(console, name, steps)

@@ -4,6 +4,7 @@ A stage subclasses `BaseLLM` and implements `_run(seqs)`, its engine loop.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, fields
 from typing import Sequence as Seq
@@ -17,6 +18,7 @@ from common.paths import DEFAULT_MODEL, resolve_model
 from common.sampling import SamplingParams
 from common.sequence import RequestMetrics, RequestOutput, Sequence
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
+from common.validate import InvalidParam, check_int, check_text, clip
 
 Prompt = str | list[int]
 
@@ -68,6 +70,15 @@ class BaseLLM:
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "cpu",
                  max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0,
                  batch_invariant: bool = True):
+        # Wrong types fail here, before the model loads, with the argument's name.
+        if max_model_len is not None:
+            check_int("max_model_len", max_model_len, 2)
+        check_int("max_num_seqs", max_num_seqs, 1)
+        check_int("seed", seed, 0, 2**64 - 1)
+        if not isinstance(model, (str, os.PathLike)):
+            raise InvalidParam("model", f"model={clip(model)} is invalid: give a checkpoint folder or a model name")
+        if not isinstance(batch_invariant, bool):
+            raise InvalidParam("batch_invariant", f"batch_invariant={clip(batch_invariant)} is invalid: give True or False")
         self.folder = resolve_model(model)
         self.device = resolve_device(device)
         self.dtype = parse_dtype(dtype)
@@ -78,12 +89,10 @@ class BaseLLM:
         self.config = self.model.config
         self.tokenizer = Tokenizer(self.folder)
         limit = self.config.max_position_embeddings
-        if max_model_len is not None and not 1 < max_model_len <= limit:
-            raise ValueError(f"max_model_len={max_model_len} must be in [2, {limit}] (the model's context)")
+        if max_model_len is not None:
+            check_int("max_model_len", max_model_len, 2, limit)  # the model's context
         # The model allows 8,192 positions; 2,048 keeps a per-slot reservation (stage 02) affordable.
         self.max_model_len = max_model_len or min(limit, 2048)
-        if max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1")
         self.max_num_seqs = max_num_seqs
         self.stats = EngineStats()
         self.progress: Progress | None = None
@@ -92,27 +101,24 @@ class BaseLLM:
     # ---- requests -------------------------------------------------------------------
     def make_sequence(self, prompt: Prompt, params: SamplingParams | dict | None) -> Sequence:
         """Validate one request; raise ValueError with a message that says what to fix."""
-        if params is None:
-            params = SamplingParams()
-        elif isinstance(params, dict):
-            params = SamplingParams(**params)
-        elif not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams or dict, not {type(params).__name__}")
+        params = SamplingParams.coerce(params)
         params.validate(self.config.vocab_size)
         if isinstance(prompt, str):
+            check_text("prompt", prompt)
             text, ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             text, ids = None, list(prompt)
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
             if bad:
-                raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.config.vocab_size})")
+                raise InvalidParam("prompt", f"prompt token ids {clip(bad[:5])} are outside the vocabulary "
+                                             f"[0, {self.config.vocab_size})")
         else:
-            raise ValueError("a prompt must be a string or a list of integer token ids")
+            raise InvalidParam("prompt", "a prompt must be a string or a list of integer token ids")
         if not ids:
-            raise ValueError("the prompt is empty: give at least one token")
+            raise InvalidParam("prompt", "the prompt is empty: give at least one token")
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}: "
-                             f"shorten it to at most {self.max_model_len - 1} tokens")
+            raise InvalidParam("prompt", f"the prompt has {len(ids)} tokens but max_model_len is "
+                                         f"{self.max_model_len}: shorten it to at most {self.max_model_len - 1} tokens")
         seq = Sequence(ids, params, self.config.eos_token_id, self.device, prompt=text)
         seq.max_len = self.max_model_len
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
@@ -121,15 +127,7 @@ class BaseLLM:
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params=None,
                  progress: bool = False) -> list[RequestOutput]:
         """Run every prompt to completion. An invalid request fails alone (finish_reason 'error')."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if isinstance(sampling_params, (list, tuple)):
-            if len(sampling_params) != len(prompts):
-                raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
-            params = list(sampling_params)
-        else:
-            params = [sampling_params] * len(prompts)
+        prompts, params = self._check_arguments(prompts, sampling_params)
         slots: list[Sequence | RequestOutput] = []
         for prompt, p in zip(prompts, params):
             try:
@@ -148,6 +146,22 @@ class BaseLLM:
         self.stats.wall_seconds = time.perf_counter() - start
         self.stats.output_tokens = sum(len(s.output_token_ids) for s in seqs)
         return [self.to_output(s) if isinstance(s, Sequence) else s for s in slots]
+
+    @staticmethod
+    def _check_arguments(prompts, sampling_params) -> tuple[list, list]:
+        """Malformed arguments fail before any work; a bad prompt or a bad entry of a list of sampling_params
+        is one bad request, which fails alone (in `make_sequence`)."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise InvalidParam("prompts", f"prompts must be a string, a list of token ids, or a list of those; "
+                                          f"got {type(prompts).__name__}")
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(prompts):
+                raise InvalidParam("sampling_params",
+                                   f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+            return list(prompts), list(sampling_params)
+        return list(prompts), [SamplingParams.coerce(sampling_params)] * len(prompts)
 
     def to_output(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(seq.seq_id, seq.prompt, seq.prompt_token_ids, list(seq.output_token_ids),

@@ -1,15 +1,20 @@
 """SamplingParams (vLLM's names and meanings) and the per-request sampler."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
+
+from common.validate import InvalidParam, check_bool, check_int, check_text, clip
+
+
+GREEDY_BELOW = 1e-5
 
 
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_BELOW) means greedy
     top_k: int = -1  # -1 (or 0) keeps every token
     top_p: float = 1.0
     seed: int | None = None
@@ -18,33 +23,64 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings: the output ends before the first one
 
     def __post_init__(self):
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if self.stop is None or isinstance(self.stop, str):
+            self.stop = [] if self.stop is None else [self.stop]
+        elif isinstance(self.stop, (list, tuple)):
+            self.stop = list(self.stop)
+        if self.stop_token_ids is None or isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids or [])
         self.validate()
 
+    @classmethod
+    def coerce(cls, value) -> SamplingParams:
+        """What the API accepts as a request's sampling parameters: None (defaults), a SamplingParams or a dict."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(str(k) for k in value if k not in FIELD_NAMES)
+            if unknown:
+                raise InvalidParam("sampling_params", f"unknown sampling parameter(s) {clip(unknown)}; "
+                                                      f"known: {', '.join(FIELD_NAMES)}")
+            return cls(**value)
+        raise InvalidParam("sampling_params", f"sampling_params must be a SamplingParams or a dict, "
+                                              f"not {type(value).__name__}")
+
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the field that is wrong and what it accepts."""
+        """Raise ValueError (`InvalidParam`) naming the field that is wrong and what it accepts."""
         def bad(name, why):
-            raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: {why}")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            bad("max_tokens", "must be an integer >= 1")
-        if not isinstance(self.temperature, (int, float)) or not (0.0 <= self.temperature < float("inf")):
+            raise InvalidParam(name, f"SamplingParams.{name}={clip(getattr(self, name))} is invalid: {why}")
+        def number(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+        check_int("max_tokens", self.max_tokens, 1, prefix="SamplingParams.")
+        if not number(self.temperature) or not (0.0 <= self.temperature < float("inf")):
             bad("temperature", "must be a finite number >= 0 (0 means greedy)")
-        if not isinstance(self.top_k, int) or (self.top_k < 0 and self.top_k != -1):
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
             bad("top_k", "must be -1 or 0 (disabled) or a positive integer")
-        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+        if not number(self.top_p) or not (0.0 < self.top_p <= 1.0):
             bad("top_p", "must be in (0, 1]")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            bad("seed", "must be None or a non-negative integer")
-        if not all(isinstance(x, str) and x for x in self.stop):
+        if self.seed is not None:
+            check_int("seed", self.seed, 0, 2**64 - 1, prefix="SamplingParams.")  # what torch's generator takes
+        check_bool("ignore_eos", self.ignore_eos, prefix="SamplingParams.")
+        if not isinstance(self.stop, list) or not all(isinstance(x, str) and x for x in self.stop):
             bad("stop", "must be a string or a list of non-empty strings")
+        for text in self.stop:
+            check_text("stop", text, prefix="SamplingParams.")
+        limit = f"[0, {vocab_size or 'vocab size'})"
+        if not isinstance(self.stop_token_ids, list):
+            bad("stop_token_ids", f"must be a list of integers in {limit}")
         for t in self.stop_token_ids:
-            if not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
-                bad("stop_token_ids", f"every id must be an integer in [0, {vocab_size or 'vocab size'})")
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0 or (vocab_size is not None and t >= vocab_size):
+                bad("stop_token_ids", f"every id must be an integer in {limit}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # As in vLLM, a temperature this small is greedy: dividing logits by 1e-40 overflows them to inf (NaN odds).
+        return self.temperature < GREEDY_BELOW
+
+
+FIELD_NAMES = [f.name for f in fields(SamplingParams)]
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:

@@ -3,12 +3,15 @@ and an incremental detokenizer for streaming."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's token_type for special tokens
+CHAT_ROLES = ("system", "user", "assistant")
+PLACEHOLDER = re.compile("\x00([0-9]+)\x00")  # a message's content while the template renders
 
 
 def _strings(reader, key: str) -> list[str]:
@@ -64,6 +67,13 @@ class Tokenizer:
         self.eos_token_id = self._tok.token_to_id(cfg["eos_token"])
         self.vocab_size = self._tok.get_vocab_size()
         self._template = ImmutableSandboxedEnvironment().from_string(cfg["chat_template"])
+        # Message content is user text: this second tokenizer reads special-token strings in it as plain text.
+        self._plain = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        self._plain.encode_special_tokens = True
+        added = self._tok.get_added_tokens_decoder()
+        self._special_ids = {t.content: i for i, t in added.items() if t.special}
+        longest_first = sorted(self._special_ids, key=len, reverse=True)
+        self._special_split = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -77,6 +87,30 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """ChatML; with no system message, SmolLM2's default system prompt is inserted."""
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The chat prompt's token ids, in which a message's content is always text, never control tokens.
+
+        The template is rendered with a placeholder for each content and split at its own special
+        tokens; each piece between them is encoded with the contents filled in, by a tokenizer that
+        matches no special token. Without special-token text in any content these are the pieces
+        `encode(apply_chat_template(...))` encodes, so the ids are the same; with it, that text stays text
+        (`<|im_end|>` in a message cannot end the turn and start a forged system turn).
+        """
+        for i, m in enumerate(messages):
+            if m.get("role") not in CHAT_ROLES:
+                raise ValueError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}")
+            if not isinstance(m.get("content"), str):
+                raise ValueError(f"messages[{i}].content must be a string")
+        marks = [{"role": m["role"], "content": f"\x00{i}\x00"} for i, m in enumerate(messages)]
+        fill = lambda piece: PLACEHOLDER.sub(lambda p: messages[int(p[1])]["content"], piece)  # noqa: E731
+        ids = []
+        for piece in self._special_split.split(self.apply_chat_template(marks, add_generation_prompt)):
+            if piece in self._special_ids:
+                ids.append(self._special_ids[piece])
+            elif piece:
+                ids += self._plain.encode(fill(piece), add_special_tokens=False).ids
+        return ids
 
 
 class IncrementalDetokenizer:

@@ -2,44 +2,17 @@
 import asyncio
 import importlib
 import json
-import socket
 import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 from common import ReferenceLLM, SamplingParams
-from workloads import wait_until
+from workloads import Server, wait_until
 
 openai = pytest.importorskip("openai")
 streaming = importlib.import_module("stages.05_streaming")
-server_module = importlib.import_module("stages.05_streaming.server")
-
-
-class Server:
-    """uvicorn in a thread on a free loopback port."""
-
-    def __init__(self, llm, model_name):
-        self.llm = llm
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(server_module.create_app(llm, model_name), log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        assert wait_until(lambda: self.server.started)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.llm.shutdown()
-
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,7 @@
 """Hypothesis strategies for workloads, and small helpers, shared by the stage tests."""
+import importlib
+import socket
+import threading
 import time
 
 from hypothesis import strategies as st
@@ -38,3 +41,27 @@ def wait_until(condition, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+class Server:
+    """Stage 05's server (uvicorn) in a thread on a free loopback port; ``app_options`` go to `create_app`."""
+
+    def __init__(self, llm, model_name, **app_options):
+        import uvicorn
+        create_app = importlib.import_module("stages.05_streaming.server").create_app
+        self.llm = llm
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name, **app_options), log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        assert wait_until(lambda: self.server.started)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.llm.shutdown()

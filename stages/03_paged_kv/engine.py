@@ -13,6 +13,7 @@ import importlib
 from common.loader import parse_memory
 from common.runner import ModelRunner
 from common.sequence import Sequence
+from common.validate import InvalidParam, check_bool, check_int, clip
 
 from .block_manager import BlockManager
 from .paged_cache import PagedKVCache
@@ -26,20 +27,25 @@ class LLM(continuous.LLM):
     def __init__(self, model: str = "smollm2-135m", *, block_size: int = 16,
                  kv_cache_memory: str | int | float | None = None, max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True, **kwargs):
+        check_int("block_size", block_size, 1)  # 16 is the usual choice
+        check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+        check_bool("enable_prefix_caching", enable_prefix_caching)
         super().__init__(model, **kwargs)
-        if block_size < 1:
-            raise ValueError(f"block_size={block_size} must be >= 1 (16 is the usual choice)")
         if max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= max_num_seqs="
-                             f"{self.max_num_seqs}, or some running requests could never decode")
+            raise InvalidParam("max_num_batched_tokens", f"max_num_batched_tokens={max_num_batched_tokens} must be "
+                               f">= max_num_seqs={self.max_num_seqs}, or some running requests could never decode")
         per_block = block_size * self.config.kv_bytes_per_token(self.dtype.itemsize)
         # Default budget: what stage 02 reserves for max_num_seqs slots of max_model_len tokens.
-        budget = parse_memory(kv_cache_memory, self.device)
+        try:
+            budget = parse_memory(kv_cache_memory, self.device)
+        except ValueError as e:
+            raise InvalidParam("kv_cache_memory", f"kv_cache_memory={clip(kv_cache_memory)} is invalid: {e}") from None
         if budget is None:
             budget = self.max_num_seqs * self.max_model_len * per_block // block_size
         if budget < per_block:
-            raise ValueError(f"KV memory budget of {budget:,} bytes holds no block: one block of {block_size} "
-                             f"tokens needs {per_block:,} bytes; raise kv_cache_memory to at least that")
+            raise InvalidParam("kv_cache_memory", f"KV memory budget of {budget:,} bytes holds no block: one block "
+                               f"of {block_size} tokens needs {per_block:,} bytes; raise kv_cache_memory to at least "
+                               f"that")
         self.block_size, self.max_num_batched_tokens = block_size, max_num_batched_tokens
         self.enable_prefix_caching = enable_prefix_caching
         self.kv_budget_bytes = budget
@@ -56,14 +62,15 @@ class LLM(continuous.LLM):
         seq = super().make_sequence(prompt, params)
         cap = self.kv_capacity_tokens
         if seq.num_prompt_tokens > cap:
-            raise ValueError(f"the prompt has {seq.num_prompt_tokens} tokens but the whole KV pool holds {cap} "
-                             f"({self.block_manager.num_blocks} blocks of {self.block_size}): shorten the prompt "
-                             f"or raise kv_cache_memory")
+            raise InvalidParam("prompt", f"the prompt has {seq.num_prompt_tokens} tokens but the whole KV pool holds "
+                               f"{cap} ({self.block_manager.num_blocks} blocks of {self.block_size}): shorten the "
+                               f"prompt or raise kv_cache_memory")
         need = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
         if need > cap:
-            raise ValueError(f"the prompt ({seq.num_prompt_tokens} tokens) plus max_tokens ({seq.params.max_tokens}) "
-                             f"can need {need} tokens of KV but the whole pool holds {cap}: lower max_tokens to at "
-                             f"most {cap - seq.num_prompt_tokens} or raise kv_cache_memory")
+            raise InvalidParam("max_tokens", f"the prompt ({seq.num_prompt_tokens} tokens) plus max_tokens "
+                               f"({seq.params.max_tokens}) can need {need} tokens of KV but the whole pool holds "
+                               f"{cap}: lower max_tokens to at most {cap - seq.num_prompt_tokens} or raise "
+                               f"kv_cache_memory")
         return seq
 
     def _run(self, seqs: list[Sequence]) -> None:

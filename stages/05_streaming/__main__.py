@@ -1,12 +1,16 @@
-"""python -m stages.05_streaming [demo | serve --host H --port P | load --clients N]
+"""python -m stages.05_streaming [demo | serve --host H --port P [--api-key K] | load --clients N]
 
 demo: chat requests streaming side by side; serve: the OpenAI-compatible server;
 load: N concurrent streaming clients against the server, with TTFT/TPOT percentiles."""
 import argparse
+import os
 
 from rich.console import Console
 
+from common.validate import InvalidParam
+
 from .engine import LLM
+from .guards import DEFAULT_MAX_BODY_BYTES
 
 
 def main(argv=None) -> None:
@@ -22,25 +26,45 @@ def main(argv=None) -> None:
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--kv-memory", default=None, help="KV budget: '256MiB', bytes, or a fraction of free memory")
     ap.add_argument("--max-waiting", type=int, default=256, help="queue length past which requests get 503")
+    ap.add_argument("--shutdown-timeout", type=float, default=5.0,
+                    help="serve: seconds requests in flight get to finish after SIGTERM/SIGINT before they are aborted")
+    ap.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="serve: largest request body")
+    ap.add_argument("--api-key", default=os.environ.get("STEPWISE_API_KEY"),
+                    help="serve: require 'Authorization: Bearer KEY' on /v1/* (default: $STEPWISE_API_KEY)")
+    ap.add_argument("--allowed-origins", default="",
+                    help="serve: comma-separated web origins allowed to call the server (CORS); none by default")
+    ap.add_argument("--docs", action="store_true", help="serve: expose /docs and /openapi.json")
     ap.add_argument("--max-tokens", type=int, default=96, help="demo and load: tokens per answer")
     ap.add_argument("--clients", type=int, default=16, help="load: concurrent streaming clients")
     ap.add_argument("--num-requests", type=int, default=64, help="load: requests in all")
     args = ap.parse_args(argv)
+    try:
+        run(args)
+    except InvalidParam as e:  # a bad argument or a request that cannot run: the reason, not a traceback
+        raise SystemExit(f"error: {e}") from None
+
+
+def run(args: argparse.Namespace) -> None:
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
               max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory, max_waiting=args.max_waiting)
     console = Console()
     console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}")
-    if args.command == "serve":
-        from .server import serve
-        serve(llm, args.host, args.port, args.served_model_name or args.model)
-    elif args.command == "load":
-        from .load import load_run
-        load_run(llm, args.served_model_name or args.model, args.clients, args.num_requests, args.max_tokens, console)
-    else:
-        from .demo import run_demo
-        run_demo(llm, args.max_tokens, console)
-    llm.shutdown()
-
+    try:
+        if args.command == "serve":
+            from .server import serve
+            origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+            serve(llm, args.host, args.port, args.served_model_name or args.model,
+                  shutdown_timeout=args.shutdown_timeout, api_key=args.api_key, docs=args.docs,
+                  allowed_origins=origins, max_body_bytes=args.max_body_bytes)
+        elif args.command == "load":
+            from .load import load_run
+            load_run(llm, args.served_model_name or args.model, args.clients, args.num_requests, args.max_tokens,
+                     console)
+        else:
+            from .demo import run_demo
+            run_demo(llm, args.max_tokens, console)
+    finally:
+        llm.shutdown()
 
 if __name__ == "__main__":
     main()

@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from common.sequence import RequestMetrics, Sequence
+from common.validate import check_int
 
 from .metrics import EngineMetrics
 
@@ -77,6 +78,7 @@ class RequestStream:
 
 class LLM(kernels.LLM):
     def __init__(self, model: str = "smollm2-135m", *, max_waiting: int = 256, **kwargs):
+        check_int("max_waiting", max_waiting, 1)
         super().__init__(model, **kwargs)
         self.max_waiting = max_waiting
         self.scheduler = paged.Scheduler(self.block_manager, self.max_num_seqs, self.max_num_batched_tokens,
@@ -97,7 +99,7 @@ class LLM(kernels.LLM):
     def add_request(self, prompt, params=None, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         """Validate and enqueue a request; raise ValueError (bad input) or QueueFull (back off)."""
         seq = self.make_sequence(prompt, params)
-        if self._inbox.qsize() + len(self.scheduler.waiting) >= self.max_waiting:
+        if self.num_waiting >= self.max_waiting:
             raise QueueFull(f"{self.max_waiting} requests are already waiting; retry shortly")
         stream = RequestStream(f"req-{next(_request_ids)}", seq, loop=loop,
                                async_chunks=asyncio.Queue() if loop is not None else None)
@@ -114,6 +116,15 @@ class LLM(kernels.LLM):
         finally:
             if not stream.done.is_set():  # the caller stopped early: abort at the next step
                 self.abort(stream.request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted and not yet running: in the inbox or the scheduler's queue."""
+        return self._inbox.qsize() + len(self.scheduler.waiting)
+
+    def is_alive(self) -> bool:
+        """False once the engine loop has died (it starts with the first request)."""
+        return self._thread is None or self._thread.is_alive()
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))

@@ -2,178 +2,160 @@
 
 POST /v1/completions and /v1/chat/completions, with or without ``"stream": true``
 (server-sent events: ``data: {json}`` chunks, then ``data: [DONE]``); GET /v1/models,
-/health and /metrics (Prometheus text). Invalid requests get OpenAI's error object
-and a 4xx status; a full waiting queue gets 503. Nothing a client sends can stop
-the engine loop, which runs in its own thread.
+/health and /metrics (Prometheus text). Every error is OpenAI's error object: a bad
+request gets a 4xx naming the field (`protocol`), a full queue or a shutdown 503, an
+unexpected exception 500 (on a stream: an error event, then ``[DONE]``). A request
+whose client goes away, streaming or not, is aborted: its blocks return at the next step.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from common.sampling import SamplingParams
+from common.validate import clip
 
-from .engine import LLM, QueueFull
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-
-
-def error_response(e: APIError) -> JSONResponse:
-    body = {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}}
-    return JSONResponse(body, status_code=e.status)
+from .engine import LLM, QueueFull, RequestStream
+from .errors import AnswerErrorsRoute, APIError, install_error_handlers, internal_error, log
+from .guards import DEFAULT_MAX_BODY_BYTES, Guards
+from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
+from .responses import ClosingStream, choice, ended_early, sse
+from .shutdown import Drain, serve  # noqa: F401 - `serve` is this module's entry point
 
 
-SAMPLING_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "stop_token_ids": list,
-                   "ignore_eos": bool}
+def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | None = None, docs: bool = False,
+               allowed_origins: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    guards, drain = Guards(api_key, allowed_origins, max_body_bytes), Drain(llm)
+    app = FastAPI(title="stepwise", version="0.1.0", lifespan=drain.lifespan,
+                  dependencies=[Depends(guards.check_origin)], docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
+    app.state.drain = drain
+    app.router.route_class = AnswerErrorsRoute
+    install_error_handlers(app)
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(guards.check_api_key)], route_class=AnswerErrorsRoute)
 
+    async def read(request: Request, model: type):
+        req = parse_request(await guards.read_body(request), model)
+        if req.model not in (model_name, None):
+            raise APIError(404, f"the model {clip(req.model)} does not exist; this server serves {model_name!r}",
+                           "model", code="model_not_found")
+        return req
 
-def sampling_params(body: dict, chat: bool) -> SamplingParams:
-    """OpenAI request fields -> SamplingParams; a bad value raises APIError naming the field."""
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if chat else body.get("max_tokens", 16)
-    kwargs = {"max_tokens": 256 if max_tokens is None else max_tokens, "stop": body.get("stop") or []}
-    if body.get("n", 1) != 1:
-        raise APIError(400, "only n=1 is supported", "n")
-    for name in SAMPLING_FIELDS:
-        if body.get(name) is not None:
-            kwargs[name] = body[name]
-    try:
-        return SamplingParams(**kwargs)
-    except (ValueError, TypeError) as e:
-        param = next((f for f in ("max_tokens", "stop", *SAMPLING_FIELDS) if f in str(e)), None)
-        raise APIError(400, str(e).replace("SamplingParams.", ""), param) from None
-
-
-def create_app(llm: LLM, model_name: str = "smollm2-135m") -> FastAPI:
-    app = FastAPI(title="stepwise", version="0.1.0")
-
-    @app.exception_handler(APIError)
-    async def api_error(_, e: APIError):
-        return error_response(e)
-
-    async def read_body(request: Request) -> dict:
+    def submit(ids: list[int], params) -> RequestStream:
+        if drain.closing:
+            raise APIError(503, "the server is shutting down", kind="server_overloaded")
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        if body.get("model") not in (model_name, None):
-            raise APIError(404, f"the model {body.get('model')!r} does not exist; this server serves {model_name!r}",
-                           "model", "invalid_request_error", "model_not_found")
-        return body
-
-    def submit(prompt, params: SamplingParams):
-        try:
-            return llm.add_request(prompt, params, loop=asyncio.get_running_loop())
+            stream = llm.add_request(ids, params, loop=asyncio.get_running_loop())
         except QueueFull as e:
             raise APIError(503, str(e), kind="server_overloaded") from None
         except ValueError as e:
-            raise APIError(400, str(e), "prompt" if "prompt" in str(e) else None) from None
+            raise APIError(400, str(e).replace("SamplingParams.", ""), getattr(e, "param", None)) from None
+        drain.active.add(stream.request_id)
+        return stream
 
-    async def respond(body: dict, prompt, chat: bool):
-        params = sampling_params(body, chat)
-        stream = submit(prompt, params)
+    async def respond(request: Request, req, ids: list[int], chat: bool):
+        stream = submit(ids, sampling_params(req, chat, len(ids), llm.max_model_len))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        created = int(time.time())
-        obj = "chat.completion" if chat else "text_completion"
-
-        def choice(text: str, finish, first: bool = False) -> dict:
-            if not chat:
-                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": model_name}
 
         def usage(completion_tokens: int) -> dict:
             n = stream.seq.num_prompt_tokens
             return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
 
-        if body.get("stream"):
-            async def events():
-                first, tokens = True, 0
-                try:
-                    async for chunk in stream:
-                        tokens += len(chunk.token_ids)
-                        if chunk.error:
-                            yield f"data: {json.dumps({'error': {'message': chunk.error, 'type': 'server_error'}})}\n\n"
-                            break
-                        finish = api_finish(chunk.finish_reason)
-                        if chunk.text or finish or first:
-                            data = {"id": rid, "object": obj + ("" if not chat else ".chunk"), "created": created,
-                                    "model": model_name, "choices": [choice(chunk.text, finish, first)]}
-                            if finish and (body.get("stream_options") or {}).get("include_usage"):
-                                data["usage"] = usage(tokens)
-                            yield f"data: {json.dumps(data)}\n\n"
-                            first = False
-                    yield "data: [DONE]\n\n"
-                finally:  # the client went away (or we are done): free its blocks at the next step
-                    if not stream.done.is_set():
-                        llm.abort(stream.request_id)
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        if req.stream:
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            return ClosingStream(events(stream, head | {"object": head["object"] + ".chunk" * chat}, chat,
+                                        usage if include_usage else None), on_close=lambda: finish(stream))
+        chunks = await collect(request, stream)
+        if chunks is None:  # the client went away; nobody reads this
+            return Response(status_code=499)
+        last, text, tokens = chunks[-1], "".join(c.text for c in chunks), sum(len(c.token_ids) for c in chunks)
+        if last.finish_reason in ("abort", "error"):
+            raise ended_early(last)
+        c = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+              "finish_reason": last.finish_reason} if chat else choice(chat, text, last.finish_reason))
+        return head | {"choices": [c], "usage": usage(tokens)}
 
-        text, tokens, finish, error = [], 0, None, None
+    async def events(stream: RequestStream, head: dict, chat: bool, usage):
+        first, tokens = True, 0
         try:
             async for chunk in stream:
-                text.append(chunk.text)
                 tokens += len(chunk.token_ids)
-                finish, error = chunk.finish_reason, chunk.error
+                if chunk.finish_reason in ("abort", "error"):
+                    yield sse(ended_early(chunk).body())
+                    break
+                if chunk.text or chunk.finish_reason or first:
+                    data = head | {"choices": [choice(chat, chunk.text, chunk.finish_reason, first)]}
+                    if chunk.finish_reason and usage is not None:
+                        data["usage"] = usage(tokens)
+                    yield sse(data)
+                    first = False
+        except Exception as e:  # noqa: BLE001 - never cut a stream: say what happened, then end it
+            log.exception("stream failed")
+            yield sse(internal_error(e).body())
+        yield "data: [DONE]\n\n"
+
+    async def collect(request: Request, stream: RequestStream):
+        """A non-streaming request's chunks; None if its client disconnected first (the request is aborted)."""
+        chunks = []
+
+        async def read_all():
+            async for chunk in stream:
+                chunks.append(chunk)
+
+        reader, gone = asyncio.ensure_future(read_all()), asyncio.ensure_future(disconnected(request))
+        try:
+            await asyncio.wait({reader, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not stream.done.is_set():
-                llm.abort(stream.request_id)
-        if error:
-            raise APIError(500, error, kind="server_error")
-        out = "".join(text)
-        c = ({"index": 0, "message": {"role": "assistant", "content": out}, "logprobs": None,
-              "finish_reason": api_finish(finish)} if chat else choice(out, api_finish(finish)))
-        return {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [c],
-                "usage": usage(tokens)}
+            gone.cancel()
+            reader.cancel()  # a no-op when it finished
+            finish(stream)
+        if not reader.done() or reader.cancelled():
+            return None
+        reader.result()  # raises what the reader raised
+        return chunks
 
-    @app.post("/v1/completions")
+    def finish(stream: RequestStream) -> None:
+        """The request is answered or its client gone: if it still runs, abort it (its blocks return next step)."""
+        if not stream.done.is_set():
+            llm.abort(stream.request_id)
+        drain.active.discard(stream.request_id)
+
+    @v1.post("/completions")
     async def completions(request: Request):
-        body = await read_body(request)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of one
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))):
-            raise APIError(400, "'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
-        return await respond(body, prompt, chat=False)
+        req = await read(request, CompletionRequest)
+        ids = req.prompt if isinstance(req.prompt, list) else llm.tokenizer.encode(req.prompt)
+        return await respond(request, req, ids, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @v1.post("/chat/completions")
     async def chat_completions(request: Request):
-        body = await read_body(request)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise APIError(400, "'messages' must be a non-empty list of {role, content} objects with string content",
-                           "messages")
-        return await respond(body, llm.tokenizer.apply_chat_template(messages), chat=True)
+        req = await read(request, ChatCompletionRequest)
+        ids = llm.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in req.messages])
+        return await respond(request, req, ids, chat=True)
 
-    @app.get("/v1/models")
+    @v1.get("/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                             "owned_by": "stepwise", "max_model_len": llm.max_model_len}]}
 
     @app.get("/health")
     async def health():
-        alive = llm._thread is None or llm._thread.is_alive()
-        return JSONResponse({"status": "ok" if alive else "engine stopped"}, status_code=200 if alive else 503)
+        status = "engine stopped" if not llm.is_alive() else "shutting down" if drain.closing else "ok"
+        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics():
         bm, st = llm.block_manager, llm.stats
         gauges = {
-            "stepwise_requests_waiting": (len(llm.scheduler.waiting) + llm._inbox.qsize(), "Requests waiting"),
+            "stepwise_requests_waiting": (llm.num_waiting, "Requests waiting"),
             "stepwise_requests_running": (len(llm.scheduler.running), "Requests running"),
             "stepwise_kv_blocks_used": (bm.num_used_blocks, "KV blocks held by requests"),
             "stepwise_kv_blocks_free": (bm.num_free_blocks, "KV blocks free (cached ones included)"),
@@ -184,13 +166,11 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m") -> FastAPI:
         }
         return PlainTextResponse(llm.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
+    app.include_router(v1)
     return app
 
 
-def api_finish(reason: str | None) -> str | None:
-    return {"abort": "stop"}.get(reason, reason)
-
-
-def serve(llm: LLM, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smollm2-135m") -> None:
-    import uvicorn
-    uvicorn.run(create_app(llm, model_name), host=host, port=port, log_level="info")
+async def disconnected(request: Request) -> None:
+    """Return when the client closes its connection (the body is already read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.05)

@@ -1,0 +1,190 @@
+"""The request bodies the server accepts, typed, and the one place where a body is checked.
+
+`parse_request` turns raw bytes into a validated request model or raises `APIError`:
+JSON syntax, nesting depth and Unicode first, then the pydantic model (strict types,
+no unknown fields: a typo is an error, not a silently ignored field), then the value
+ranges, which are `SamplingParams`'s own checks. OpenAI fields this server does not
+implement are refused by name unless they carry their "off" value.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from common.sampling import SamplingParams
+from common.validate import InvalidParam, check_text, clip
+
+from .errors import APIError
+
+MAX_DEPTH = 16  # the deepest valid body is 5 levels (messages -> message -> content -> part -> text)
+# OpenAI fields that are not implemented, each with the values that mean "off" (those are accepted).
+UNSUPPORTED = {"logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
+               "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "tools": ([],),
+               "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+               "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],), "prediction": (),
+               "reasoning_effort": (), "web_search_options": (), "min_tokens": (0,), "repetition_penalty": (1, 1.0)}
+IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}  # no effect on the output
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+
+
+class SamplingFields(Strict):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: Any = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        if v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)):
+            return v
+        raise ValueError("must be a string or a list of strings")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Any
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
+            v = v[0]  # a batch of one
+        if isinstance(v, str) or (isinstance(v, list) and all(type(t) is int for t in v)):
+            return v
+        raise ValueError("must be a string or a list of token ids (one prompt per request)")
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant"]
+    content: Any
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v):
+        if isinstance(v, str):
+            return v
+        if isinstance(v, list):
+            try:
+                return "\n".join(TextPart.model_validate(part).text for part in v)
+            except ValidationError:
+                pass
+        raise ValueError('must be a string or a list of {"type": "text", "text": ...} parts')
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+
+def parse_request(raw: bytes, model: type[Strict]) -> Strict:
+    """Raw body -> a validated request, or an `APIError` (400) naming the field that is wrong."""
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    for name, off in UNSUPPORTED.items():
+        value = body.pop(name, None)
+        if value is not None and not any(type(value) is type(o) and value == o for o in off):
+            raise APIError(400, f"{name} is not supported by this server; leave it out", name)
+    for name in IGNORED:
+        body.pop(name, None)
+    try:
+        request = model.model_validate(body)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+    if request.n not in (None, 1):
+        raise APIError(400, "n: only n=1 is supported (send one request per completion)", "n")
+    if request.stream_options is not None and not request.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+    return request
+
+
+def sampling_params(req: SamplingFields, chat: bool, prompt_len: int, max_model_len: int) -> SamplingParams:
+    """The request's SamplingParams; like vLLM, a prompt plus max_tokens beyond the context is an error."""
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise APIError(400, f"the prompt has {prompt_len} tokens and this model's context is {max_model_len}: "
+                            f"shorten it to at most {max_model_len - 1} tokens", "messages" if chat else "prompt")
+    name = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
+    requested = getattr(req, name)
+    kwargs = {f: getattr(req, f) for f in ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
+                                           "ignore_eos") if getattr(req, f) is not None}
+    try:
+        params = SamplingParams(max_tokens=min(256 if chat else 16, room) if requested is None else requested,
+                                **kwargs)
+    except InvalidParam as e:
+        param = name if e.param == "max_tokens" else e.param
+        raise APIError(400, str(e).replace("SamplingParams.max_tokens", param).replace("SamplingParams.", ""),
+                       param) from None
+    if requested is not None and requested > room:
+        raise APIError(400, f"{name}={requested} is too large: the context holds {max_model_len} tokens and the "
+                            f"prompt has {prompt_len}, so at most {room} can be generated", name)
+    return params
+
+
+def parse_json(raw: bytes):
+    try:
+        body = json.loads(raw, parse_constant=reject_constant)
+    except RecursionError:
+        raise APIError(400, f"the request body is nested too deeply (the limit is {MAX_DEPTH} levels)") from None
+    except UnicodeDecodeError:
+        raise APIError(400, "the request body is not UTF-8 text") from None
+    except ValueError as e:  # JSONDecodeError, NaN or Infinity, an integer of more than 4,300 digits
+        raise APIError(400, f"the request body is not valid JSON: {clip(str(e), 160)}") from None
+    check_tree(body)
+    return body
+
+
+def reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def check_tree(body) -> None:
+    """No string (key or value) may hold a lone surrogate; no nesting deeper than MAX_DEPTH."""
+    stack = [(body, 1, None)]
+    while stack:
+        value, depth, field = stack.pop()
+        if depth > MAX_DEPTH:
+            raise APIError(400, f"the request body is nested more than {MAX_DEPTH} levels deep", field)
+        try:
+            if isinstance(value, str):
+                check_text(field or "body", value)
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    check_text(field or "a key", key)
+                    stack.append((item, depth + 1, field or key))
+            elif isinstance(value, list):
+                stack.extend((item, depth + 1, field) for item in value)
+        except InvalidParam as e:
+            raise APIError(400, str(e), e.param if field else None) from None
+
+
+def from_validation_error(e: ValidationError) -> APIError:
+    """pydantic's first error -> an OpenAI error whose `param` is the field's path, e.g. messages[0].role."""
+    err = e.errors(include_url=False, include_input=False)[0]
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+    if err["type"] == "extra_forbidden":
+        return APIError(400, f"unrecognized request argument: {clip(param, 60)}", param[:60])
+    message = err["msg"].removeprefix("Value error, ")
+    return APIError(400, f"{param}: {message}" if param else message, param or None)

@@ -1,0 +1,42 @@
+"""What the server sends: OpenAI's choice objects, server-sent events, and a request's early end."""
+from __future__ import annotations
+
+import json
+
+from fastapi.responses import StreamingResponse
+
+from .errors import APIError
+
+
+def choice(chat: bool, text: str, finish: str | None, first: bool = False) -> dict:
+    if not chat:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+
+class ClosingStream(StreamingResponse):
+    """Server-sent events that call ``on_close`` however they end: finished, the client gone (even before the
+    first event, when the generator never started), or cancelled; the request then leaves the engine."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def sse(data: dict) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+def ended_early(chunk) -> APIError:
+    """The request was aborted (the server is shutting down) or failed in the engine."""
+    if chunk.finish_reason == "abort":
+        return APIError(503, "the server is shutting down; the request was stopped", kind="server_overloaded")
+    return APIError(500, chunk.error or "the engine failed", kind="server_error")

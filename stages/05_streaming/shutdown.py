@@ -1,0 +1,69 @@
+"""Graceful shutdown: on SIGTERM or SIGINT, stop accepting, let the requests in flight finish until a
+deadline, abort the rest (every open stream still gets a final event), and exit. A second signal exits at once.
+
+uvicorn already stops accepting and waits for open connections on the first signal, but it
+waits as long as the connections last: a request for 2,000 tokens holds it for minutes.
+`Drain` bounds that wait: at the deadline it aborts every request still in flight, the engine
+ends them at its next step, and their handlers answer (a 503, or an error event and
+``[DONE]`` on a stream), so the connections close and uvicorn finishes.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from contextlib import asynccontextmanager
+
+import uvicorn
+
+from .engine import LLM
+
+
+class Drain:
+    """The requests in flight, and their shutdown."""
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self.active: set[str] = set()  # request ids
+        self.closing = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def begin(self, grace_seconds: float) -> None:
+        """Refuse new requests; abort the running ones in ``grace_seconds``. Safe from a signal handler or thread."""
+        self.closing = True
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.call_later, grace_seconds, self.abort_all)
+
+    def abort_all(self) -> None:
+        for request_id in list(self.active):
+            self.llm.abort(request_id)
+
+    @asynccontextmanager
+    async def lifespan(self, app):
+        self.loop = asyncio.get_running_loop()
+        yield
+        self.abort_all()  # whatever uvicorn had to cancel must not keep its KV blocks
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn whose first SIGTERM/SIGINT drains the app within ``grace_seconds`` and whose second exits at once."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain, grace_seconds: float):
+        super().__init__(config)
+        self.drain, self.grace_seconds = drain, grace_seconds
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.should_exit:  # the operator asked twice: no more waiting
+            os._exit(128 + sig)
+        self.should_exit = True  # uvicorn stops accepting and waits for the open connections
+        self.drain.begin(self.grace_seconds)
+        # Unlike uvicorn, the signal is not raised again afterwards: a drained server exits with status 0.
+
+
+def serve(llm: LLM, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smollm2-135m",
+          shutdown_timeout: float = 5.0, **app_options) -> None:
+    from .server import create_app
+    app = create_app(llm, model_name, **app_options)
+    # uvicorn's own timeout is the backstop: it cancels handlers still running 2 s after the deadline.
+    config = uvicorn.Config(app, host=host, port=port, log_level="info",
+                            timeout_graceful_shutdown=shutdown_timeout + 2)
+    GracefulServer(config, app.state.drain, shutdown_timeout).run()
