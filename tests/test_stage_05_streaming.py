@@ -99,11 +99,15 @@ def test_a_reader_that_stops_aborts_its_request_and_frees_its_blocks(reference, 
     it = engine.stream([5] * 40, long)
     got = [next(it) for _ in range(3)]
     assert all(c.finish_reason is None for c in got)
+    aborted = engine._streams[next(r for r, s in engine._streams.items() if s.seq.num_prompt_tokens == 40)].seq
+    aborts_before = engine.metrics.finished.get("abort", 0)
     it.close()  # the client goes away
-    assert wait_until(lambda: not engine.scheduler.running and engine.block_manager.num_used_blocks == 0)
-    other_chunks = list(other)
+    engine.run_step()  # the next step applies the abort: the request is gone, its blocks are back
+    assert aborted.finish_reason == "abort" and aborted not in engine.scheduler.running
+    assert not aborted.block_table and engine.metrics.finished.get("abort", 0) == aborts_before + 1
+    other_chunks = list(other)  # reading the other request steps the engine on
     assert [t for c in other_chunks for t in c.token_ids] == reference.generate([[9, 8, 7]], other_params)[0].token_ids
-    assert engine.metrics.finished.get("abort", 0) >= 1
+    assert engine.block_manager.num_used_blocks == 0
 
 
 def test_latency_metrics(engine):
@@ -143,11 +147,24 @@ def test_bad_request_fails_alone_at_submission(engine):
     assert sum(len(c.token_ids) for c in chunks) == 3
 
 
-def test_concurrent_first_requests_start_one_engine_loop(reference):
-    """Several clients arriving at once on a fresh engine: exactly one loop may run the scheduler."""
+def test_concurrent_readers_step_the_engine_one_at_a_time(reference):
+    """Several synchronous readers at once on a fresh engine: each steps it while it waits for tokens, never two at
+    a time (a second stepper would drive the scheduler from two threads), and no background thread starts."""
     llm = streaming.LLM("tiny", max_num_seqs=4)
     barrier, outputs = threading.Barrier(8), [None] * 8
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    inside, overlaps, step = [0], [0], llm.run_step
+
+    def watched_step():
+        inside[0] += 1
+        overlaps[0] += inside[0] > 1
+        time.sleep(0.001)  # widen the window a second stepper would need
+        try:
+            return step()
+        finally:
+            inside[0] -= 1
+
+    llm.run_step = watched_step
 
     def client(i):
         barrier.wait()
@@ -158,6 +175,24 @@ def test_concurrent_first_requests_start_one_engine_loop(reference):
         t.start()
     for t in threads:
         t.join(60)
+    assert overlaps[0] == 0 and llm.loops_started == 0
+    assert outputs == [e.token_ids for e in reference.generate([[20 + i, 7] for i in range(8)], params)]
+
+
+def test_concurrent_async_first_requests_start_one_background_loop(reference):
+    """Asynchronous readers (the server's) cannot step the engine: the first starts one background loop, however
+    many arrive at once."""
+    import asyncio
+    llm = streaming.LLM("tiny", max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        streams = await asyncio.gather(*(asyncio.to_thread(llm.add_request, [20 + i, 7], params, loop)
+                                         for i in range(8)))
+        return [[t for c in [c async for c in s] for t in c.token_ids] for s in streams]
+
+    outputs = asyncio.run(main())
     assert llm.loops_started == 1
     assert outputs == [e.token_ids for e in reference.generate([[20 + i, 7] for i in range(8)], params)]
     llm.shutdown()

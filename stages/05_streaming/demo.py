@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import queue
-import time
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -35,6 +34,7 @@ def run_demo(llm: LLM, max_tokens: int = 96, console: Console | None = None) -> 
 
     with Live(view(), console=console, refresh_per_second=15, transient=False) as live:
         while not all(done):
+            llm.run_step()  # one engine step, on this thread: every stream that ran gets its new text
             for i, stream in enumerate(streams):
                 while not done[i]:
                     try:
@@ -45,7 +45,6 @@ def run_demo(llm: LLM, max_tokens: int = 96, console: Console | None = None) -> 
                     if chunk.finish_reason is not None:
                         done[i], finals[i] = True, chunk
             live.update(view())
-            time.sleep(0.02)
     rows = []
     table = Table(title=f"streaming: {len(streams)} requests, {str(llm.dtype).removeprefix('torch.')}")
     table.add_column("request", no_wrap=True, max_width=36)

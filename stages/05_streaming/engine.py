@@ -1,10 +1,18 @@
-"""Stage 05: the engine loop runs in the background; tokens reach the caller as soon as they exist.
+"""Stage 05: tokens reach the caller as soon as they exist.
 
-Stage 04's `step()` (schedule -> run -> postprocess) now runs forever in a thread.
-Requests arrive at any time through an inbox and join at the next step; after
-each step, every sequence that ran publishes its new token ids and its newly
-stable text to its `RequestStream`. A caller that stops reading aborts its
-request, and its blocks return to the pool at the next step.
+Stage 04's `step()` (schedule -> run -> postprocess) runs in a loop that never ends while
+requests keep arriving. Requests join through an inbox at any time, between steps; after
+each step, every sequence that ran publishes its new token ids and its newly stable text
+to its `RequestStream`. A caller that stops reading aborts its request, and its blocks
+return to the pool at the next step.
+
+Who runs the loop matters more than it seems: torch ops issued from a second Python thread
+ran about 2x slower here than on the main thread (libgomp, torch's OpenMP runtime, makes a
+second thread's parallel regions wake sleeping workers every time; see the README). So the
+loop runs on whoever needs tokens: `generate` and `stream` step the engine on the caller's
+thread (one stepper at a time, under a lock), and the server gives it the main thread
+(`run_forever`) while HTTP runs in a background thread. Only asynchronous readers with
+nobody else stepping get a background thread (`start_background_loop`).
 """
 from __future__ import annotations
 
@@ -16,64 +24,17 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
 
-from common.sequence import RequestMetrics, Sequence
+from common.sequence import Sequence
 from common.validate import check_int
 
 from .metrics import EngineMetrics
+from .streams import QueueFull, RequestStream, StreamChunk
 
 kernels = importlib.import_module("stages.04_kernels")
 paged = importlib.import_module("stages.03_paged_kv")
 _request_ids = itertools.count()
-
-
-class QueueFull(Exception):
-    """Too many requests are waiting; the caller should retry later (HTTP 503)."""
-
-
-@dataclass
-class StreamChunk:
-    text: str  # new text since the previous chunk
-    token_ids: list[int]  # new token ids since the previous chunk
-    finish_reason: str | None = None  # set on the last chunk: "stop", "length", "abort" or "error"
-    metrics: RequestMetrics | None = None  # on the last chunk
-    error: str | None = None
-
-
-@dataclass
-class RequestStream:
-    """What one request's caller reads: chunks in order, the last with a finish_reason."""
-    request_id: str
-    seq: Sequence
-    chunks: queue.Queue = field(default_factory=queue.Queue)
-    loop: asyncio.AbstractEventLoop | None = None  # set for async readers (the server)
-    async_chunks: asyncio.Queue | None = None
-    sent_text: int = 0
-    sent_tokens: int = 0
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def put(self, chunk: StreamChunk) -> None:
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.async_chunks.put_nowait, chunk)
-        else:
-            self.chunks.put(chunk)
-        if chunk.finish_reason is not None:
-            self.done.set()
-
-    def __iter__(self):
-        while True:
-            chunk = self.chunks.get()
-            yield chunk
-            if chunk.finish_reason is not None:
-                return
-
-    async def __aiter__(self):
-        while True:
-            chunk = await self.async_chunks.get()
-            yield chunk
-            if chunk.finish_reason is not None:
-                return
+__all__ = ["LLM", "QueueFull", "RequestStream", "StreamChunk"]
 
 
 class LLM(kernels.LLM):
@@ -90,10 +51,12 @@ class LLM(kernels.LLM):
         self._streams: dict[str, RequestStream] = {}  # by request id
         self._by_seq: dict[int, RequestStream] = {}  # by seq_id
         self._wakeup = threading.Event()
+        self._stepping = threading.Lock()  # held by whoever steps the engine (a loop holds it while it runs)
+        self._start_lock = threading.Lock()  # two async first requests must not start two background loops
         self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()  # two first requests must not start two engine loops
+        self._stop = threading.Event()
+        self.looping = False  # a loop (run_forever) is stepping the engine
         self.loops_started = 0
-        self._stopping = False
 
     # ---- the caller's side (any thread) ---------------------------------------------------
     def add_request(self, prompt, params=None, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
@@ -101,11 +64,12 @@ class LLM(kernels.LLM):
         seq = self.make_sequence(prompt, params)
         if self.num_waiting >= self.max_waiting:
             raise QueueFull(f"{self.max_waiting} requests are already waiting; retry shortly")
-        stream = RequestStream(f"req-{next(_request_ids)}", seq, loop=loop,
+        stream = RequestStream(f"req-{next(_request_ids)}", seq, self.next_chunk, loop=loop,
                                async_chunks=asyncio.Queue() if loop is not None else None)
-        self._start()
         self._inbox.put(("add", stream))
         self._wakeup.set()
+        if loop is not None and not self.looping:  # an async reader cannot step the engine itself
+            self.start_background_loop()
         return stream
 
     def stream(self, prompt, params=None):
@@ -117,62 +81,93 @@ class LLM(kernels.LLM):
             if not stream.done.is_set():  # the caller stopped early: abort at the next step
                 self.abort(stream.request_id)
 
+    def next_chunk(self, stream: RequestStream) -> StreamChunk:
+        """The stream's next chunk; while there is none, step the engine on this thread if nobody else does."""
+        while True:
+            try:
+                return stream.chunks.get_nowait()
+            except queue.Empty:
+                pass
+            if self._stepping.acquire(blocking=False):
+                try:
+                    self.run_step()
+                finally:
+                    self._stepping.release()
+            else:  # another reader or a loop is stepping: wait for what it publishes
+                try:
+                    return stream.chunks.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+
     @property
     def num_waiting(self) -> int:
         """Requests submitted and not yet running: in the inbox or the scheduler's queue."""
         return self._inbox.qsize() + len(self.scheduler.waiting)
 
     def is_alive(self) -> bool:
-        """False once the engine loop has died (it starts with the first request)."""
+        """False once a background loop has died."""
         return self._thread is None or self._thread.is_alive()
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
         self._wakeup.set()
 
+    def _run(self, seqs: list[Sequence]) -> None:
+        """`generate`: submit every request, then read each to its end (stepping the engine here)."""
+        streams = [RequestStream(f"req-{next(_request_ids)}", seq, self.next_chunk) for seq in seqs]
+        for stream in streams:
+            self._inbox.put(("add", stream))
+        for stream in streams:
+            for _ in stream:  # drain: generate() returns whole outputs
+                pass
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run_forever(self, stop: threading.Event, on_start=None) -> None:
+        """Step the engine on this thread until ``stop`` is set (a server's main thread); ``on_start`` is called
+        once the loop owns the engine (start the HTTP server there, so no request can start another loop)."""
+        with self._stepping:
+            self.looping = True
+            try:
+                if on_start is not None:
+                    on_start()
+                while not stop.is_set():
+                    if not self.run_step():
+                        self._wakeup.wait(0.05)
+                        self._wakeup.clear()
+            finally:
+                self.looping = False
+
+    def start_background_loop(self) -> None:
+        with self._start_lock:
+            if not self.looping and (self._thread is None or not self._thread.is_alive()):
+                self._stop.clear()
+                self._thread = threading.Thread(target=self.run_forever, args=(self._stop,), name="stepwise-engine",
+                                                daemon=True)
+                self._thread.start()
+                self.loops_started += 1
+
     def shutdown(self) -> None:
         with self._start_lock:
-            self._stopping = True
+            self._stop.set()
             self._wakeup.set()
             if self._thread is not None:
                 self._thread.join(timeout=30)
                 self._thread = None
 
-    def _run(self, seqs: list[Sequence]) -> None:
-        """`generate` on the background engine: submit every request, wait for all."""
-        streams = [RequestStream(f"req-{next(_request_ids)}", seq) for seq in seqs]
-        self._start()
-        for stream in streams:
-            self._inbox.put(("add", stream))
-        self._wakeup.set()
-        for stream in streams:
-            for _ in stream:  # drain: generate() returns whole outputs
-                pass
-
-    # ---- the engine's side (its own thread) ---------------------------------------------------
-    def _start(self) -> None:
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._stopping = False
-                self._thread = threading.Thread(target=self._loop, name="stepwise-engine", daemon=True)
-                self._thread.start()
-                self.loops_started += 1
-
-    def _loop(self) -> None:
-        while not self._stopping:
-            self._apply_inbox()
-            if not self.scheduler.has_work():
-                self._wakeup.wait(0.05)
-                self._wakeup.clear()
-                continue
-            try:
-                batch = self.step()
-            except Exception as e:  # noqa: BLE001 - fail the requests in flight, keep serving
-                traceback.print_exc()
-                self._fail_all(f"engine error: {type(e).__name__}: {e}")
-                continue
-            for seq in batch:
-                self._publish(seq)
+    def run_step(self) -> bool:
+        """Apply the inbox, run one step, publish what it produced; False when there was nothing to run."""
+        self._apply_inbox()
+        if not self.scheduler.has_work():
+            return False
+        try:
+            batch = self.step()
+        except Exception as e:  # noqa: BLE001 - fail the requests in flight, keep serving
+            traceback.print_exc()
+            self._fail_all(f"engine error: {type(e).__name__}: {e}")
+            return True
+        for seq in batch:
+            self._publish(seq)
+        return True
 
     def _apply_inbox(self) -> None:
         while True:

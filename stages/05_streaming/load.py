@@ -64,15 +64,24 @@ def load_run(llm: LLM, model: str, clients: int = 16, num_requests: int = 64, ma
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn.Config(create_app(llm, model), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    start = time.perf_counter()
-    results = asyncio.run(run_clients(url, model, clients, num_requests, max_tokens))
-    wall = time.perf_counter() - start
-    server.should_exit = True
-    thread.join(10)
+    done, out = threading.Event(), {}
+
+    def clients_run() -> None:  # HTTP and the clients in background threads; the engine keeps the main thread
+        try:
+            threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+            while not server.started:
+                time.sleep(0.05)
+            start = time.perf_counter()
+            out["results"] = asyncio.run(run_clients(url, model, clients, num_requests, max_tokens))
+            out["wall"] = time.perf_counter() - start
+            server.should_exit = True
+        finally:
+            done.set()
+
+    llm.run_forever(done, on_start=threading.Thread(target=clients_run, name="clients", daemon=True).start)
+    if "results" not in out:
+        raise RuntimeError("the load run failed; see the error above")
+    results, wall = out["results"], out["wall"]
     ttft = [r["ttft"] for r in results]
     tpot = [r["tpot"] for r in results if r["tpot"] is not None]
     tokens = sum(r["tokens"] for r in results)

@@ -1,5 +1,7 @@
-"""Graceful shutdown: on SIGTERM or SIGINT, stop accepting, let the requests in flight finish until a
-deadline, abort the rest (every open stream still gets a final event), and exit. A second signal exits at once.
+"""Serving and its graceful shutdown: on SIGTERM or SIGINT, stop accepting, let the requests in flight finish
+until a deadline, abort the rest (every open stream still gets a final event), and exit. A second signal exits
+at once. The engine loop owns the main thread (torch is about 2x slower in a second thread here); HTTP runs
+in a background thread.
 
 uvicorn already stops accepting and waits for open connections on the first signal, but it
 waits as long as the connections last: a request for 2,000 tokens holds it for minutes.
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -44,26 +48,32 @@ class Drain:
         self.abort_all()  # whatever uvicorn had to cancel must not keep its KV blocks
 
 
-class GracefulServer(uvicorn.Server):
-    """uvicorn whose first SIGTERM/SIGINT drains the app within ``grace_seconds`` and whose second exits at once."""
-
-    def __init__(self, config: uvicorn.Config, drain: Drain, grace_seconds: float):
-        super().__init__(config)
-        self.drain, self.grace_seconds = drain, grace_seconds
-
-    def handle_exit(self, sig: int, frame) -> None:
-        if self.should_exit:  # the operator asked twice: no more waiting
-            os._exit(128 + sig)
-        self.should_exit = True  # uvicorn stops accepting and waits for the open connections
-        self.drain.begin(self.grace_seconds)
-        # Unlike uvicorn, the signal is not raised again afterwards: a drained server exits with status 0.
-
-
 def serve(llm: LLM, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smollm2-135m",
           shutdown_timeout: float = 5.0, **app_options) -> None:
+    """The engine loop on this (the main) thread, HTTP in a background thread; SIGTERM/SIGINT drain the
+    server within ``shutdown_timeout`` seconds, a second signal exits at once."""
     from .server import create_app
     app = create_app(llm, model_name, **app_options)
     # uvicorn's own timeout is the backstop: it cancels handlers still running 2 s after the deadline.
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=shutdown_timeout + 2)
-    GracefulServer(config, app.state.drain, shutdown_timeout).run()
+    http = uvicorn.Server(config)  # off the main thread, uvicorn installs no signal handlers: these do
+    stopped = threading.Event()
+
+    def on_signal(sig: int, frame) -> None:
+        if http.should_exit:  # the operator asked twice: no more waiting
+            os._exit(128 + sig)
+        http.should_exit = True  # uvicorn stops accepting and waits for the open connections
+        app.state.drain.begin(shutdown_timeout)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    def run_http() -> None:
+        try:
+            http.run()
+        finally:
+            stopped.set()
+
+    # torch runs on the main thread, at full speed; a drained server exits with 0.
+    llm.run_forever(stopped, on_start=threading.Thread(target=run_http, name="http", daemon=True).start)
