@@ -66,11 +66,13 @@ class BaseLLM:
     model_class = Llama  # stage 04 swaps in a model whose element-wise operations are fused kernels
 
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "cpu",
-                 max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0):
+                 max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0,
+                 quantization: str | None = None):
         self.folder = resolve_model(model)
         self.device = resolve_device(device)
         self.dtype = parse_dtype(dtype)
-        self.model = load_model(self.folder, self.dtype, self.device, self.model_class)
+        self.model = load_model(self.folder, self.dtype, self.device, self.model_class, quantization)
+        self.quantization = self.model.quantization  # None, 'int8' or 'int4' weights (common.quant)
         self.config = self.model.config
         self.tokenizer = Tokenizer(self.folder)
         limit = self.config.max_position_embeddings
