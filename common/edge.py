@@ -94,7 +94,8 @@ def measure_llama_cpp(tokens: int, threads: int) -> dict:
 
     run(chat, 4)  # warm-up
     start, times = run(chat, tokens)
-    row.update({"ms per token": 1e3 * decode_times(times), f"TTFT ms, {len(chat)}-token prompt": 1e3 * (times[0] - start)})
+    row.update({"ms per token": 1e3 * decode_times(times),
+                f"TTFT ms, {len(chat)}-token prompt": 1e3 * (times[0] - start)})
     start, times = run(long, 1)
     row[f"TTFT ms, {len(long)}-token prompt"] = 1e3 * (times[0] - start)
     return row

@@ -14,7 +14,7 @@ bfloat16; only the stored weights shrink, and each kernel widens them on the fly
   become the kernel's groups without re-quantizing: the same ``q``, ``scale = d``,
   ``zero = m + 8 d``. The kernel reads scales and zeros in the activation dtype, so both are
   rounded once to bfloat16 (8 significant bits against fp16's 11): that rounding is the only
-  difference from the GGUF's weights (``tests/test_quant.py`` states the largest). A
+  difference from the GGUF's weights (``tests/test_oracle_hf.py`` states the largest). A
   checkpoint without Q4_1 blocks (the tiny model) is quantized with Q4_1's own recipe.
 
 What is quantized: every projection (q, k, v, o, gate, up, down). The tied embedding / LM
@@ -81,6 +81,7 @@ class QuantizedLinear:
         raise NotImplementedError
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
         rows, used = x.shape[0], last_used_row(x)
         if x.data_ptr() % 64:  # the int8 kernel reads rows with aligned vector loads
             x = x.clone()
@@ -155,7 +156,8 @@ class Int4Linear(QuantizedLinear):
         self.group_size = self.in_features // d.shape[1]
         scale = torch.from_numpy(d.astype(np.float32))
         zero = torch.from_numpy(m.astype(np.float32)) + 8 * scale  # (q - 8) * d + (m + 8 d) = d * q + m
-        self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1).to(dtype).contiguous()  # [groups, out, 2]
+        # [groups, out, 2]: the layout the kernel reads
+        self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1).to(dtype).contiguous()
         q = torch.from_numpy(codes.astype(np.int32))
         self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # layout depends on the CPU: packed at load
         self.nbytes = self.packed.numel() + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()

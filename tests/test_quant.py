@@ -133,7 +133,8 @@ def test_prepared_q4_1_blocks_are_the_ggufs(real_folder):
     rows un-permuted like them (Q and K)."""
     import gguf
 
-    with safe_open(real_folder / "q4_1.safetensors", "pt") as f, safe_open(real_folder / "model.safetensors", "pt") as g:
+    with safe_open(real_folder / "q4_1.safetensors", "pt") as f, \
+            safe_open(real_folder / "model.safetensors", "pt") as g:
         assert len(list(f.keys())) == 30 * 7
         for name in ["model.layers.3.self_attn.q_proj", "model.layers.3.self_attn.k_proj",
                      "model.layers.29.mlp.down_proj"]:
