@@ -95,6 +95,18 @@ def test_quantized_row_does_not_depend_on_batch(rows, pick, shape, kind, seed):
     assert torch.equal(batched, linear.kernel(pad_rows(x)))
 
 
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_only_trailing_zero_rows_are_skipped(kind):
+    from common.quant import last_used_row
+
+    linear = kernels((64, 128), 6)[kind]
+    x = torch.randn(40, 128).to(torch.bfloat16)
+    x[5] = 0  # a zero row among real rows is computed like any other
+    x[30:] = -0.0  # padding that went through a norm with negative weights
+    assert last_used_row(x) == 30 and last_used_row(x[:5]) == 5 and last_used_row(x[30:]) == 0
+    assert torch.equal(linear(x), linear.kernel(x))
+
+
 def test_bad_requests_for_quantization_fail_clearly(tiny_folder):
     with pytest.raises(ValueError, match="int3"):
         ReferenceLLM(str(tiny_folder), quantization="int3")
