@@ -19,6 +19,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="smollm2-135m", help="checkpoint folder, 'smollm2-135m' or 'tiny'")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--quantization", default=None, choices=["int8", "int4"],
+                    help="weight-only quantization (common/quant.py); computes in bfloat16")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="most requests in flight (slots)")
     ap.add_argument("--max-model-len", type=int, default=None)
@@ -44,7 +46,8 @@ def make_llm(module: str, args: argparse.Namespace):
     """Build a stage's LLM; the same KV budget becomes blocks (stage 03 on) or whole slots (01-02)."""
     cls = importlib.import_module(module).LLM
     kw = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              batch_invariant=not args.no_batch_invariant)
+              batch_invariant=not args.no_batch_invariant,
+              quantization=getattr(args, "quantization", None))
     if "kv_cache_memory" in inspect.signature(cls.__init__).parameters:
         kw.update(kv_cache_memory=args.kv_memory, block_size=args.block_size,
                   max_num_batched_tokens=args.max_num_batched_tokens,
@@ -92,6 +95,7 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
     for name, (used, total) in blocks.items():
         print_blocks(console, name, used, total)
     title = (f"{args.workload} workload: {len(prompts)} requests, {args.model}, {args.dtype}"
+             + (f" ({args.quantization} weights)" if getattr(args, "quantization", None) else "")
              + (f", KV budget {args.kv_memory}" if args.kv_memory else ""))
     console.print(summary_table(rows, title))
     if len(rows) >= 2:

@@ -48,26 +48,15 @@ def uses_packed_bf16(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
 
 
-class Linear:
-    """``x @ weight.T`` on row tiles that keep every row's bits; ``weight`` is [out_features, in_features]."""
-
-    def __init__(self, weight: torch.Tensor):
-        self.out_features, self.in_features = weight.shape
-        self.nbytes = weight.numel() * weight.element_size()
-        self.row_tile, self.exact_tiles = ROW_TILE, True  # until choose_row_tile finds a larger tile
-        self.plain = False  # batch_invariant=False: one call on the whole batch, whatever the bits
-        self.packed = None
-        if uses_packed_bf16(weight.device, weight.dtype):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
-            self.weight_t = None
-        else:
-            self.weight_t = weight.t().contiguous()
+class RowTiled:
+    """Splits a matmul's rows into calls that keep every row's bits; subclasses give ``matmul`` (one call),
+    ``in_features`` and ``out_features``. ``choose_row_tile`` sets the tile per model and machine."""
+    row_tile: int = ROW_TILE
+    exact_tiles: bool = True  # every call holds exactly ROW_TILE rows (padded), until a larger tile is checked
+    plain: bool = False  # batch_invariant=False: one call on the whole batch, whatever the bits
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """One kernel call on all of x's rows."""
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-        return torch.mm(x, self.weight_t)
+        raise NotImplementedError
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
@@ -82,6 +71,30 @@ class Linear:
         return torch.cat([self.matmul(x[i:i + self.row_tile]) for i in range(0, rows, self.row_tile)])
 
 
+class Linear(RowTiled):
+    """``x @ weight.T`` in the model dtype; ``weight`` is [out_features, in_features]."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.out_features, self.in_features = weight.shape
+        self.nbytes = weight.numel() * weight.element_size()
+        self.packed = None
+        if uses_packed_bf16(weight.device, weight.dtype):
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
+            self.weight_t = None
+        else:
+            self.weight_t = weight.t().contiguous()
+
+    @property
+    def backend(self) -> str:
+        return "oneDNN prepacked" if self.packed is not None else f"torch.mm on {self.weight_t.device.type}"
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """One kernel call on all of x's rows."""
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return torch.mm(x, self.weight_t)
+
+
 def order_revealing_rows(rows: int, in_features: int, seed: int = 0) -> torch.Tensor:
     """Rows whose products with a weight row partly cancel: large partial sums, small results. A change in
     summation order then changes the rounded result, where plain random rows would mostly hide it."""
@@ -91,7 +104,7 @@ def order_revealing_rows(rows: int, in_features: int, seed: int = 0) -> torch.Te
     return x.scatter_(1, large, torch.randn(rows, 8, generator=gen) * 300)
 
 
-def find_row_tile(linears: list[Linear], dtype: torch.dtype, device: torch.device) -> int | None:
+def find_row_tile(linears: list[RowTiled], dtype: torch.dtype, device: torch.device) -> int | None:
     """The largest candidate tile at which every row of every call of up to that many rows has the bits it has
     alone, for every given linear; None if not even the smallest does."""
     largest = max(CANDIDATE_TILES)
@@ -108,11 +121,12 @@ def find_row_tile(linears: list[Linear], dtype: torch.dtype, device: torch.devic
     return None
 
 
-def choose_row_tile(linears: list[Linear], dtype: torch.dtype, device: torch.device) -> str:
+def choose_row_tile(linears: list[RowTiled], dtype: torch.dtype, device: torch.device) -> str:
     """Check (or recall) this machine's row tile for these linears' shapes, apply it to them, say what was chosen."""
-    backend = "oneDNN prepacked" if uses_packed_bf16(device, dtype) else f"torch.mm on {device.type}"
-    one_per_shape = list({(lin.out_features, lin.in_features): lin for lin in linears}.values())
-    key = _machine_key(backend, dtype, device, sorted((lin.out_features, lin.in_features) for lin in one_per_shape))
+    backend = " + ".join(sorted({lin.backend for lin in linears}))
+    one_per_shape = list({(type(lin), lin.out_features, lin.in_features): lin for lin in linears}.values())
+    key = _machine_key(backend, dtype, device, sorted((type(lin).__name__, lin.out_features, lin.in_features)
+                                                      for lin in one_per_shape))
     path = home() / "row_tiles.json"
     cache = json.loads(path.read_text()) if path.exists() else {}
     if key in cache:

@@ -69,7 +69,7 @@ class BaseLLM:
 
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "cpu",
                  max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0,
-                 batch_invariant: bool = True):
+                 batch_invariant: bool = True, quantization: str | None = None):
         # Wrong types fail here, before the model loads, with the argument's name.
         if max_model_len is not None:
             check_int("max_model_len", max_model_len, 2)
@@ -85,7 +85,9 @@ class BaseLLM:
         # batch_invariant=False runs plain torch math (whole-batch matmuls, fused attention): faster, but a
         # request's tokens then depend on what it is batched with. For measuring what invariance costs.
         self.batch_invariant = batch_invariant
-        self.model = load_model(self.folder, self.dtype, self.device, self.model_class, batch_invariant)
+        self.model = load_model(self.folder, self.dtype, self.device, self.model_class, batch_invariant=batch_invariant,
+                                quantization=quantization)
+        self.quantization = self.model.quantization  # None, 'int8' or 'int4' weights (common.quant)
         self.config = self.model.config
         self.tokenizer = Tokenizer(self.folder)
         limit = self.config.max_position_embeddings

@@ -50,7 +50,9 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | None = "cpu",
-               model_class: type[Llama] = Llama, batch_invariant: bool = True) -> Llama:
+               model_class: type[Llama] = Llama, batch_invariant: bool = True,
+               quantization: str | None = None) -> Llama:
+    """quantization: None (the dtype throughout), 'int8' or 'int4' weights (see common.quant)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     files = sorted(folder.glob("*.safetensors"))
@@ -67,7 +69,8 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
         if tuple(weights[name].shape) != shape:
             raise ValueError(f"{folder}: tensor {name!r} has shape {tuple(weights[name].shape)}, "
                              f"config.json implies {shape}")
-    return model_class(config, weights, parse_dtype(dtype), resolve_device(device), batch_invariant=batch_invariant)
+    return model_class(config, weights, parse_dtype(dtype), resolve_device(device), batch_invariant=batch_invariant,
+                       quantization=quantization)
 
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}

@@ -15,7 +15,8 @@ import torch
 
 from common import ops
 from common.config import ModelConfig
-from common.invariant import ROW_TILE, Linear, choose_row_tile
+from common.invariant import ROW_TILE, choose_row_tile
+from common.quant import LinearFactory
 
 
 class AttentionBackend(Protocol):
@@ -25,25 +26,26 @@ class AttentionBackend(Protocol):
 
 class Llama:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu", batch_invariant: bool = True):
+                 device: torch.device | str = "cpu", batch_invariant: bool = True, quantization: str | None = None):
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
-        w = lambda name: weights[name].to(device=self.device, dtype=dtype)  # noqa: E731
+        make = LinearFactory(weights, quantization, dtype, self.device)  # 16-bit, int8 or int4 (common.quant)
+        self.quantization = make.quantization
+        w = make.dense
         # Merged projections: one matmul for q, k and v, one for gate and up.
-        self.embed = w("model.embed_tokens.weight")
+        self.embed = make.embedding("model.embed_tokens.weight")
         self.layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             self.layers.append({
                 "attn_norm": w(p + "input_layernorm.weight"),
-                "qkv": Linear(torch.cat([w(p + f"self_attn.{x}_proj.weight") for x in "qkv"])),
-                "o": Linear(w(p + "self_attn.o_proj.weight")),
+                "qkv": make.linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"]),
+                "o": make.linear([p + "self_attn.o_proj.weight"]),
                 "mlp_norm": w(p + "post_attention_layernorm.weight"),
-                "gate_up": Linear(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])),
-                "down": Linear(w(p + "mlp.down_proj.weight")),
+                "gate_up": make.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+                "down": make.linear([p + "mlp.down_proj.weight"]),
             })
         self.norm = w("model.norm.weight")
-        head = self.embed if config.tie_word_embeddings else w("lm_head.weight")
-        self.lm_head = Linear(head)
+        self.lm_head = make.lm_head(config.tie_word_embeddings)
         d = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), inv_freq)

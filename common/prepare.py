@@ -21,12 +21,15 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import track
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from common.paths import checkpoint_dir, smollm2_gguf_path
+from common.quant import Q4_1_SUFFIX, QUANTIZATIONS, precision_bytes
 from common.tokenizer import build_tokenizer_files
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+Q4_1_FILE = "q4_1.safetensors"  # the GGUF's 4-bit blocks of each projection, for int4 (common.quant)
 GGUF_TO_HF = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -67,12 +70,17 @@ def llama_config(**kw) -> dict:
     return cfg
 
 
-def describe(n_params: int, dtype: str) -> None:
+def describe(shapes: dict[str, tuple[int, ...]], dtype: str) -> None:
+    """Bytes per precision: what the weights take, and what one decode step reads (the head is the embedding)."""
+    n_params = sum(int(np.prod(s)) for s in shapes.values())
     console.print(f"[bold]{n_params:,}[/] parameters")
-    for name, t in DTYPES.items():
-        size = n_params * t.itemsize
+    for name in [*DTYPES, *QUANTIZATIONS]:
         mark = "  <- written" if name == dtype else ""
-        console.print(f"  {name:>9}: {t.itemsize} bytes/param x {n_params:,} = {size / 1e6:,.1f} MB{mark}")
+        how = {"int8": "1 byte/weight + a bf16 scale per row",
+               "int4": "projections: 4 bits + bf16 scale, zero per 32; head int8"}.get(name, "")
+        how = how or f"{DTYPES[name].itemsize} bytes/param x {n_params:,}"
+        console.print(f"  {name:>9}: {precision_bytes(shapes, name) / 1e6:6,.1f} MB  {how}{mark}")
+    console.print("  (int8, int4: built at load; norms stay 16-bit; int4 keeps the GGUF's Q4_1 groups)")
 
 
 def write_atomically(folder: Path, write) -> Path:
@@ -100,9 +108,11 @@ def prepare_smollm2(folder: Path | None = None, dtype: str = "float32", quiet: b
 
     folder = Path(folder or checkpoint_dir("smollm2-135m", dtype))
     gguf_path = smollm2_gguf_path()
-    source = f"{gguf_path.name}:{dtype}"
+    source = f"{gguf_path.name}:{dtype}:{Q4_1_FILE}"
     if is_prepared(folder, source):
         if not quiet:
+            with safe_open(folder / "model.safetensors", "pt") as f:
+                describe({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}, dtype)
             console.print(f"{folder} is already prepared ({dtype}); nothing to do")
         return folder
     reader = gguf.GGUFReader(gguf_path)
@@ -117,17 +127,21 @@ def prepare_smollm2(folder: Path | None = None, dtype: str = "float32", quiet: b
     )
 
     def write(tmp: Path) -> None:
-        tensors = {}
+        tensors, blocks = {}, {}
         for t in track(reader.tensors, description="dequantizing", console=console, disable=quiet):
             w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-            if ".attn_q." in t.name:
-                w = unpermute_qk(w, n_heads)
-            elif ".attn_k." in t.name:
-                w = unpermute_qk(w, n_kv)
+            # Q/K rows (output features) are permuted; Q4_1 groups run along a row, so whole blocks move with it.
+            heads = n_heads if ".attn_q." in t.name else n_kv if ".attn_k." in t.name else None
+            if heads:
+                w = unpermute_qk(w, heads)
             tensors[hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w)).to(DTYPES[dtype])
+            if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:  # kept as they are for int4 (common.quant)
+                raw = unpermute_qk(t.data, heads) if heads else t.data
+                blocks[hf_name(t.name).removesuffix(".weight") + Q4_1_SUFFIX] = torch.from_numpy(np.array(raw))
         if not quiet:
-            describe(sum(t.numel() for t in tensors.values()), dtype)
+            describe({name: tuple(t.shape) for name, t in tensors.items()}, dtype)
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        save_file(blocks, tmp / Q4_1_FILE, metadata={"format": "gguf-q4_1-blocks"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         build_tokenizer_files(reader, tmp)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import platform
 import time
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from common import roofline, workloads
 from common.cli import STAGE_NAMES, make_llm, parser
+from common.loader import expected_shapes
 from common.paths import resolve_model, smollm2_gguf_path
 from common.report import format_value, summary_row
 
@@ -48,7 +50,7 @@ def stage_row(module: str, args, prompts, params, bw: float, flops: float) -> di
     # Bytes a step must read (weights once, plus KV) vs time: bandwidth use; 2 FLOP per weight per token: compute use.
     per_token = llm.config.kv_bytes_per_token(llm.dtype.itemsize)
     kv_read = sum(len(o.prompt_token_ids) + len(o.token_ids) / 2 for o in outputs) * per_token
-    params_count = weights / llm.dtype.itemsize
+    params_count = sum(math.prod(shape) for shape in expected_shapes(llm.config).values())
     r["bandwidth use"] = (st.steps * weights + kv_read) / st.wall_seconds / bw
     r["compute use"] = 2 * params_count * (st.prefill_tokens + st.decode_tokens) / st.wall_seconds / flops
     r["tokens"] = [o.token_ids for o in outputs]
@@ -71,7 +73,8 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     bw, flops = roofline.measure_bandwidth(args.device), roofline.measure_matmul_flops(args.device,
                                                                                     getattr(torch, args.dtype))
-    llm0 = importlib.import_module("common.reference").ReferenceLLM(args.model, dtype=args.dtype, device=args.device)
+    llm0 = importlib.import_module("common.reference").ReferenceLLM(args.model, dtype=args.dtype, device=args.device,
+                                                                    quantization=args.quantization)
     if args.workload == "random":
         lo, hi = map(int, args.prompt_range.split(","))
         prompts, params = workloads.random_lengths(args.num_requests, (lo, hi), (8, args.max_tokens),
@@ -84,7 +87,8 @@ def main(argv=None) -> dict:
     alone = single_request_decode(llm0, ids[0], bw)
     del llm0
     console.print(f"[bold]ladder:[/] {args.workload}, {len(prompts)} requests, {sum(map(len, ids)):,} prompt tokens, "
-                  f"{args.model}, {args.dtype}, {args.device}, {os.cpu_count()} CPUs, copy bandwidth "
+                  f"{args.model}, {args.dtype}{f' ({args.quantization} weights)' if args.quantization else ''}, "
+                  f"{args.device}, {os.cpu_count()} CPUs, copy bandwidth "
                   f"{bw / 1e9:.1f} GB/s, matmul {flops / 1e9:,.0f} GFLOP/s")
     rows: dict[str, dict] = {}
     for nn in args.stages.split(","):
@@ -116,7 +120,8 @@ def main(argv=None) -> dict:
         r["x stage 01" if "01 static" in rows else "x first stage"] = r["output tok/s"] / first
         for label, b in base.items():
             r[f"x {label}"] = r["output tok/s"] / b["output tok/s"]
-    table = Table(title=f"{args.workload} workload, {len(prompts)} requests, {args.dtype}, {platform.machine()} CPU "
+    precision = f"{args.dtype}" + (f", {args.quantization} weights (HF: {args.dtype})" if args.quantization else "")
+    table = Table(title=f"{args.workload} workload, {len(prompts)} requests, {precision}, {platform.machine()} CPU "
                   f"x{os.cpu_count()}" if args.device == "cpu" else args.device)
     table.add_column("metric")
     columns = {**rows, **{b["engine"]: b for b in base.values()}}
@@ -133,7 +138,8 @@ def main(argv=None) -> dict:
                   f"{bw / 1e9:.1f} GB/s / {alone['weight MB']:.0f} MB of weights per step)")
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
-    result = {"workload": args.workload, "requests": len(prompts), "dtype": args.dtype, "device": args.device,
+    result = {"workload": args.workload, "requests": len(prompts), "dtype": args.dtype,
+              "quantization": args.quantization, "device": args.device,
               "cpus": os.cpu_count(), "bandwidth_bytes_per_s": bw, "matmul_flops": flops, "date": time.strftime("%F"),
               "engines": columns, "same_tokens": same, "single_request": alone, "notes": notes, "argv": argv}
     path = args.json or f"bench-{args.workload}.json"

@@ -37,8 +37,8 @@ def engine_workloads(draw):
     return prompts, params, order, knobs
 
 
-def build(stage, model, dtype, knobs, prompts, params):
-    kw = {"dtype": dtype, "max_num_seqs": knobs["max_num_seqs"]}
+def build(stage, model, dtype, knobs, prompts, params, quantization=None):
+    kw = {"dtype": dtype, "max_num_seqs": knobs["max_num_seqs"], "quantization": quantization}
     if stage >= "stages.03":
         bs = knobs["block_size"]
         need = max(-(-(len(p) + sp.max_tokens) // bs) for p, sp in zip(prompts, params))
@@ -83,4 +83,39 @@ def test_real_model_every_stage(dtype):
              "enable_prefix_caching": True}
     for stage in STAGES:
         got = run_in_order(build(stage, "smollm2-135m", dtype, knobs, prompts, params), prompts, params, [2, 0, 1])
+        assert [g.token_ids for g in got] == expected, stage
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def quantized_reference(request):
+    return ReferenceLLM("tiny", dtype="bfloat16", quantization=request.param)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(workload=engine_workloads())
+def test_every_stage_gives_the_reference_tokens_quantized(quantized_reference, workload):
+    """Identical tokens hold within a precision: int8 and int4 weights, every stage against the reference."""
+    prompts, params, order, knobs = workload
+    q = quantized_reference.quantization
+    expected = [(e.token_ids, e.finish_reason) for e in quantized_reference.generate(prompts, params)]
+    for stage in STAGES:
+        got = run_in_order(build(stage, "tiny", "bfloat16", knobs, prompts, params, q), prompts, params, order)
+        assert [(g.token_ids, g.finish_reason) for g in got] == expected, (stage, q)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_real_model_every_stage_quantized(quantization):
+    ref = ReferenceLLM("smollm2-135m", quantization=quantization)
+    chat = lambda q: ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])  # noqa: E731
+    prompts = [chat("Name a primary colour."), chat("What is 2 + 2?"), chat("Write a short greeting.")]
+    params = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.8, top_k=50, seed=11,
+                                                                           max_tokens=12),
+              SamplingParams(temperature=1.0, top_p=0.9, seed=5, max_tokens=10, stop=["!"])]
+    expected = [e.token_ids for e in ref.generate(prompts, params)]
+    knobs = {"max_num_seqs": 2, "block_size": 16, "spare_blocks": 0, "token_budget": 24,
+             "enable_prefix_caching": True}
+    for stage in STAGES:
+        llm = build(stage, "smollm2-135m", "bfloat16", knobs, prompts, params, quantization)
+        assert llm.quantization == quantization
+        got = run_in_order(llm, prompts, params, [2, 0, 1])
         assert [g.token_ids for g in got] == expected, stage

@@ -19,6 +19,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--quantization", default=None, choices=["int8", "int4"], help="weight-only quantization")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
@@ -45,7 +46,8 @@ def main(argv=None) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
+              max_num_seqs=args.max_num_seqs,
               max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory, max_waiting=args.max_waiting)
     console = Console()
     console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}")

@@ -1,0 +1,156 @@
+"""The edge lesson, measured: for each precision, the bytes one token reads, the time they imply, the time taken.
+
+    python -m common.edge [--model smollm2-135m] [--tokens 64] [--no-llama-cpp]
+    (``python -m common.roofline`` prints the same table after the article's.)
+
+Each precision runs in a fresh process, so its peak resident memory at load is its own
+(the checkpoint is memory-mapped: only the tensors a precision uses are ever read). Per
+precision: the weight bytes one decode step reads, the per-token time they imply at the
+measured read bandwidth, the per-token time measured (one request alone, greedy, EOS
+ignored), time to first token for a short chat prompt and a 512-token one, and memory.
+llama.cpp (llama-cpp-python, if installed) runs the GGUF itself the same way, same threads.
+These are timings: run them on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from common.roofline import measure_read_bandwidth
+
+PRECISIONS = ("none", "int8", "int4")
+LONG_PROMPT = 512
+TARGET_MS = 100.0  # the lesson's latency target: a token, and the first one, within 100 ms
+
+
+def memory_mb(field: str) -> float:
+    """VmRSS (resident now) or VmHWM (peak resident) of this process, in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024 / 1e6
+    return float("nan")
+
+
+def prompts(tokenizer) -> tuple[list[int], list[int]]:
+    from common.quality import TEXT
+    chat = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "How do vaccines work?"}]))
+    return chat, tokenizer.encode(TEXT.read_text(encoding="utf-8"))[:LONG_PROMPT]
+
+
+def decode_times(token_times: list[float]) -> float:
+    return (token_times[-1] - token_times[0]) / (len(token_times) - 1)
+
+
+def measure_stepwise(model: str, quantization: str | None, tokens: int) -> dict:
+    """In a fresh process: load (memory), then one request alone (time per token, time to first token)."""
+    from common import ReferenceLLM, SamplingParams
+
+    before = memory_mb("VmRSS")
+    llm = ReferenceLLM(model, dtype="bfloat16", quantization=quantization)
+    row = {"weight MB": llm.model.weight_bytes / 1e6, "peak MB at load": memory_mb("VmHWM"),
+           "load MB over bare process": memory_mb("VmHWM") - before, "resident MB after load": memory_mb("VmRSS")}
+    chat, long = prompts(llm.tokenizer)
+    llm.generate([chat], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    m = llm.generate([chat], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))[0].metrics
+    row.update({"ms per token": 1e3 * decode_times(m.token_times),
+                f"TTFT ms, {len(chat)}-token prompt": 1e3 * m.time_to_first_token})
+    m = llm.generate([long], SamplingParams(temperature=0, max_tokens=1))[0].metrics
+    row[f"TTFT ms, {len(long)}-token prompt"] = 1e3 * m.time_to_first_token
+    return row
+
+
+def measure_llama_cpp(tokens: int, threads: int) -> dict:
+    """llama.cpp on the GGUF file itself (memory-mapped), one request alone, greedy, EOS ignored."""
+    import gguf
+    from llama_cpp import Llama
+
+    from common.paths import resolve_model, smollm2_gguf_path
+    from common.tokenizer import Tokenizer
+
+    path = smollm2_gguf_path()
+    weights = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
+    before = memory_mb("VmRSS")
+    llm = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
+    row = {"weight MB": weights / 1e6, "peak MB at load": memory_mb("VmHWM"),
+           "load MB over bare process": memory_mb("VmHWM") - before, "resident MB after load": memory_mb("VmRSS")}
+    chat, long = prompts(Tokenizer(resolve_model("smollm2-135m")))
+
+    def run(prompt, n):
+        llm.reset()
+        start, times = time.perf_counter(), []
+        for _ in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            times.append(time.perf_counter())
+            if len(times) == n:
+                break
+        return start, times
+
+    run(chat, 4)  # warm-up
+    start, times = run(chat, tokens)
+    row.update({"ms per token": 1e3 * decode_times(times),
+                f"TTFT ms, {len(chat)}-token prompt": 1e3 * (times[0] - start)})
+    start, times = run(long, 1)
+    row[f"TTFT ms, {len(long)}-token prompt"] = 1e3 * (times[0] - start)
+    return row
+
+
+def in_fresh_process(args: list[str]) -> dict:
+    run = subprocess.run([sys.executable, "-m", "common.edge", *args], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"common.edge {' '.join(args)} failed:\n{run.stderr[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def measure(model: str = "smollm2-135m", tokens: int = 64, llama_cpp: bool = True) -> tuple[float, dict]:
+    bandwidth = measure_read_bandwidth()
+    rows = {("bfloat16" if q == "none" else q): in_fresh_process(["--child", q, "--model", model, "--tokens",
+                                                                   str(tokens)]) for q in PRECISIONS}
+    if llama_cpp and model == "smollm2-135m":
+        try:
+            import llama_cpp  # noqa: F401
+            rows["llama.cpp Q4_1"] = in_fresh_process(["--child", "llama.cpp", "--tokens", str(tokens)])
+        except ImportError:
+            pass
+    for row in rows.values():
+        row["estimated ms per token"] = 1e3 * row["weight MB"] * 1e6 / bandwidth
+        row["measured / estimated"] = row["ms per token"] / row["estimated ms per token"]
+    return bandwidth, rows
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        threads = torch.get_num_threads()
+        row = (measure_llama_cpp(args.tokens, threads) if args.child == "llama.cpp" else
+               measure_stepwise(args.model, None if args.child == "none" else args.child, args.tokens))
+        print(json.dumps(row))
+        return row
+    bandwidth, rows = measure(args.model, args.tokens, not args.no_llama_cpp)
+    order = ["weight MB", "estimated ms per token", "ms per token", "measured / estimated"]
+    figures = order + [k for k in next(iter(rows.values())) if k not in order]
+    table = Table(title=f"{args.model}, one request alone, {torch.get_num_threads()} threads: read bandwidth "
+                        f"{bandwidth / 1e9:.1f} GB/s; target {TARGET_MS:.0f} ms per token and to the first token")
+    table.add_column("figure")
+    for name in rows:
+        table.add_column(name, justify="right")
+    for figure in figures:
+        digits = 2 if figure == "measured / estimated" else 1
+        table.add_row(figure, *(f"{rows[n].get(figure, float('nan')):,.{digits}f}" for n in rows))
+    Console().print(table)
+    return {"read bandwidth GB/s": bandwidth / 1e9, "rows": rows}
+
+
+if __name__ == "__main__":
+    main()

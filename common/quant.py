@@ -1,0 +1,232 @@
+"""Weight-only quantization: linears that read 8 or 4 bits per weight instead of 16.
+
+Why: decoding one token reads every weight once, so on a bandwidth-bound machine the
+bytes per weight set the time per token (see ``common.roofline``). The activations stay
+bfloat16; only the stored weights shrink, and each kernel widens them on the fly.
+
+* ``int8``: one scale per output channel, symmetric (``w = q * s``, ``q`` in -127..127),
+  made from the dense weights; ``torch._weight_int8pack_mm``.
+* ``int4``: groups of 32 weights along the input features, ``w = (q - 8) * scale + zero``
+  with ``q`` in 0..15: the convention of torch's CPU kernel
+  (``torch._weight_int4pack_mm_for_cpu``, ATen's ``int4mm_kernel.cpp``). SmolLM2's GGUF
+  stores its projections as Q4_1: groups of 32 with an fp16 scale ``d`` and minimum ``m``,
+  ``w = d * q + m``. ``common.prepare`` keeps those blocks in the checkpoint folder and they
+  become the kernel's groups without re-quantizing: the same ``q``, ``scale = d``,
+  ``zero = m + 8 d``. The kernel reads scales and zeros in the activation dtype, so both are
+  rounded once to bfloat16 (8 significant bits against fp16's 11): that rounding is the only
+  difference from the GGUF's weights (``tests/test_oracle_hf.py`` states the largest). A
+  checkpoint without Q4_1 blocks (the tiny model) is quantized with Q4_1's own recipe.
+
+What is quantized: every projection (q, k, v, o, gate, up, down). The tied embedding / LM
+head table becomes int8 per row in both modes (the GGUF holds it at 8 bits too, as Q8_0,
+which the int4 kernel cannot hold); the embedding lookup dequantizes the rows it reads
+from that same table. Norms stay in the model dtype.
+
+Batch invariance: both kernels compute each output row from its own input row alone
+(4-row micro-tiles, one fixed order over the input features, no split over them). Checked
+on the build machine at SmolLM2's shapes: a row's bits are the same alone or inside a call
+of any row count from 1 to 80, and 127-129, 256, 512, 1,024, with 1 and 2 threads. Like
+every linear, they run on the row tile the load-time check (``common.invariant``) finds.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from common.invariant import Linear, RowTiled
+
+QUANTIZATIONS = ("int8", "int4")
+GROUP_SIZE = 32  # int4 weights per scale/zero: Q4_1's block
+Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
+Q4_1_SUFFIX = ".q4_1_blocks"  # checkpoint tensors holding a projection's GGUF blocks (see common.prepare)
+
+
+def parse_quantization(quantization: str | None, dtype: torch.dtype, device: torch.device) -> str | None:
+    if quantization in (None, "none", "None", ""):
+        return None
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r} is not supported; use None, 'int8' or 'int4'")
+    if dtype != torch.bfloat16:
+        raise ValueError(f"quantization={quantization!r} computes in bfloat16 (the kernels' fast path): "
+                         f"pass dtype='bfloat16', not {dtype}")
+    if device.type != "cpu":
+        raise ValueError(f"quantization={quantization!r} runs on CPU (torch's packed CPU kernels); "
+                         f"device={device.type!r} has no quantized path here yet")
+    return quantization
+
+
+class QuantizedLinear(RowTiled):
+    """``x @ W.T`` with a quantized W: row tiles as ``common.invariant.Linear`` (the load-time check covers it)."""
+    out_features: int
+    in_features: int
+    nbytes: int  # bytes one call reads: the quantized weights and their scales
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weights [out, in] the kernel multiplies by (for tests and quality checks)."""
+        raise NotImplementedError
+
+    @property
+    def backend(self) -> str:
+        return f"torch {type(self).__name__.removesuffix('Linear')} kernel"
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.data_ptr() % 64:  # the int8 kernel reads rows with aligned vector loads
+            x = x.clone()
+        return self.kernel(x)
+
+
+def check_shape(weight_shape, name: str = "weight") -> None:
+    out_features, in_features = weight_shape
+    if in_features % GROUP_SIZE or out_features % 16:
+        raise ValueError(f"{name} is {out_features}x{in_features}: the quantized kernels need the input features "
+                         f"to be a multiple of {GROUP_SIZE} and the output features a multiple of 16")
+
+
+class Int8Linear(QuantizedLinear):
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16):
+        check_shape(weight.shape)
+        self.out_features, self.in_features = weight.shape
+        w = weight.float()
+        amax = w.abs().amax(1)
+        self.scales = torch.where(amax > 0, amax / 127, 1.0).to(dtype)
+        # Rounded against the scale as stored, so q * scale is the weight the kernel sees.
+        self.qweight = torch.round(w / self.scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.nbytes = self.qweight.numel() + self.scales.numel() * self.scales.element_size()
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, self.qweight, self.scales)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]
+
+
+class Int8Embedding:
+    """The embedding lookup reading an int8 table (the tied LM head's): the rows it needs, widened."""
+
+    def __init__(self, table: Int8Linear, dtype: torch.dtype):
+        self.table, self.dtype = table, dtype
+        self.nbytes = table.nbytes
+        self.shape = (table.out_features, table.in_features)
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        t = self.table
+        return (t.qweight[ids].float() * t.scales[ids].float()[:, None]).to(self.dtype)
+
+
+def q4_1_groups(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GGUF Q4_1 blocks [rows, groups * 20] bytes -> codes [rows, groups * 32] (0..15), d and m [rows, groups]."""
+    rows = blocks.shape[0]
+    b = np.ascontiguousarray(blocks).reshape(rows, -1, Q4_1_BLOCK_BYTES)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0]
+    m = b[..., 2:4].copy().view(np.float16)[..., 0]
+    nibbles = b[..., 4:]  # byte j holds weight j (low nibble) and weight j + 16 (high nibble)
+    codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1)
+    return codes, d, m
+
+
+def q4_1_quantize(weight: torch.Tensor) -> np.ndarray:
+    """Dense [rows, cols] -> Q4_1 blocks, with gguf's own Q4_1 recipe (for checkpoints that hold none)."""
+    import gguf
+
+    w = weight.float().numpy()
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1).reshape(w.shape[0], -1)
+
+
+class Int4Linear(QuantizedLinear):
+    def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16):
+        """codes [out, in] in 0..15; d, m [out, in / 32]: the weight is d * q + m group by group."""
+        check_shape(codes.shape)
+        self.out_features, self.in_features = codes.shape
+        self.group_size = self.in_features // d.shape[1]
+        scale = torch.from_numpy(d.astype(np.float32))
+        zero = torch.from_numpy(m.astype(np.float32)) + 8 * scale  # (q - 8) * d + (m + 8 d) = d * q + m
+        # [groups, out, 2]: the layout the kernel reads
+        self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1).to(dtype).contiguous()
+        q = torch.from_numpy(codes.astype(np.int32))
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # layout depends on the CPU: packed at load
+        self.nbytes = self.packed.numel() + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
+
+    @classmethod
+    def from_q4_1(cls, blocks: np.ndarray, dtype: torch.dtype = torch.bfloat16) -> "Int4Linear":
+        return cls(*q4_1_groups(blocks), dtype=dtype)
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+
+    def dequantized(self, columns: int | None = None) -> torch.Tensor:
+        """The weights [out, columns or in] as the kernel reads them: fed rows of the identity in float32, it
+        returns one weight per output, (q - 8) * scale + zero, unpacked from the packed layout the bfloat16
+        path reads (float32 takes torch's scalar path: slow, for tests)."""
+        eye = torch.eye(self.in_features)[:columns]
+        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_and_zeros.float()).t()
+
+
+class LinearFactory:
+    """Builds the model's linears and its embedding in the precision asked for (None: the model dtype).
+
+    ``names`` lists checkpoint tensors stacked along the output features (q, k, v -> one
+    matmul). ``weights`` maps names to the checkpoint's tensors, memory-mapped: a tensor's
+    bytes are read only when used, so int4 never reads the dense projections.
+    """
+
+    def __init__(self, weights: Mapping[str, torch.Tensor], quantization: str | None, dtype: torch.dtype,
+                 device: torch.device):
+        self.quantization = parse_quantization(quantization, dtype, device)
+        self.weights, self.dtype, self.device = weights, dtype, device
+        self.built: dict[str, torch.Tensor | Int8Linear] = {}
+
+    def dense(self, name: str) -> torch.Tensor:
+        return self.weights[name].to(device=self.device, dtype=self.dtype)
+
+    def embedding(self, name: str):
+        if self.quantization is None:
+            return self.built.setdefault(name, self.dense(name))
+        return Int8Embedding(self.table(name), self.dtype)
+
+    def table(self, name: str) -> Int8Linear:
+        """A token table (embedding or LM head) in int8, built once: a tied head and the lookup share it."""
+        if name not in self.built:
+            self.built[name] = Int8Linear(self.weights[name], self.dtype)
+        return self.built[name]
+
+    def lm_head(self, tied: bool):
+        name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+        if self.quantization is None:
+            return Linear(self.embedding(name) if tied else self.dense(name))
+        return self.table(name)
+
+    def linear(self, names: list[str]):
+        if self.quantization is None:
+            return Linear(torch.cat([self.dense(n) for n in names]) if len(names) > 1 else self.dense(names[0]))
+        if self.quantization == "int8":
+            return Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype)
+        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype)
+
+    def q4_1_blocks(self, name: str) -> np.ndarray:
+        """The GGUF's own Q4_1 blocks when the checkpoint keeps them, else the dense weight quantized like them."""
+        stored = name.removesuffix(".weight") + Q4_1_SUFFIX
+        if stored in self.weights:
+            return self.weights[stored].numpy()
+        return q4_1_quantize(self.weights[name])
+
+
+def precision_bytes(shapes: Mapping[str, tuple[int, ...]], precision: str) -> int:
+    """Bytes of weights held (and read by one decode step, for a tied model) in ``precision``:
+    'float32', 'bfloat16', 'float16', 'int8' or 'int4', scales and zeros included."""
+    if precision in ("float32", "bfloat16", "float16"):
+        return sum(int(np.prod(s)) for s in shapes.values()) * getattr(torch, precision).itemsize
+    total = 0
+    for name, shape in shapes.items():
+        n = int(np.prod(shape))
+        if name.endswith("_proj.weight") and precision == "int4":
+            total += n // 2 + n // GROUP_SIZE * 2 * 2  # nibbles, a bfloat16 scale and zero per group
+        elif name.endswith("_proj.weight") or len(shape) == 2:  # projections and token tables in int8
+            total += n + shape[0] * 2  # a byte per weight, a bfloat16 scale per row
+        else:
+            total += n * 2  # norms stay bfloat16
+    return total

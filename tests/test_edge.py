@@ -1,0 +1,22 @@
+"""common.edge: the per-precision measurement runs in a fresh process and reports figures that add up."""
+import pytest
+
+from common import edge, roofline
+from common.quant import precision_bytes
+
+
+def test_read_bandwidth_is_positive_and_finite():
+    assert 1e8 < roofline.measure_read_bandwidth(mb=16, repeats=2) < 1e13
+
+
+@pytest.mark.parametrize("quantization", ["int4"])
+def test_a_fresh_process_measures_one_precision(tiny_folder, quantization):
+    from safetensors import safe_open
+
+    row = edge.in_fresh_process(["--child", quantization, "--model", "tiny", "--tokens", "4"])
+    with safe_open(tiny_folder / "model.safetensors", "pt") as f:
+        shapes = {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}
+    assert row["weight MB"] == pytest.approx(precision_bytes(shapes, quantization) / 1e6)
+    assert row["peak MB at load"] >= row["resident MB after load"] > row["load MB over bare process"] > 0
+    assert row["ms per token"] > 0
+    assert 0 < row[next(k for k in row if k.startswith("TTFT") and "512" not in k)] < row["TTFT ms, 512-token prompt"]
