@@ -21,7 +21,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"],
                     help="weight-only quantization (common/quant.py); computes in bfloat16")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="most requests in flight (slots)")
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--workload", default="chat", choices=["chat", "random", "toy"])

@@ -67,7 +67,7 @@ class EngineStats:
 class BaseLLM:
     model_class = Llama  # stage 04 swaps in a model whose element-wise operations are fused kernels
 
-    def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "cpu",
+    def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0,
                  batch_invariant: bool = True, quantization: str | None = None):
         # Wrong types fail here, before the model loads, with the argument's name.

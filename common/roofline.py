@@ -171,10 +171,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--article-only", action="store_true")
     ap.add_argument("--no-precisions", action="store_true", help="skip the per-precision measurements (minutes)")
     args = ap.parse_args()
+    from common.loader import resolve_device
+    args.device = str(resolve_device(args.device))
     console = Console()
     console.print(table("The article's 13B example (illustrative inputs)", Article().figures()))
     console.print(table("The article's edge example: 3B at 100 GB/s", edge_figures()))

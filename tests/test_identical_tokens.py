@@ -119,3 +119,21 @@ def test_real_model_every_stage_quantized(quantization):
         assert llm.quantization == quantization
         got = run_in_order(llm, prompts, params, [2, 0, 1])
         assert [g.token_ids for g in got] == expected, stage
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device: the GPU path is checked where "
+                    "one is present (python -m stages.04_kernels --gpu-check runs this test too)")
+@pytest.mark.parametrize("model", ["tiny", "smollm2-135m"])
+def test_every_stage_on_cuda_gives_the_same_tokens(model):
+    """On CUDA (device='auto' picks it) every stage, stage 04's Triton kernels included, gives the reference's
+    tokens: chunked prefill, preemption and a shared prefix in the mix."""
+    ref = ReferenceLLM(model, dtype="bfloat16", device="cuda")
+    prompts = [list(range(3 + i, 40 + 7 * i)) for i in range(6)] + [list(range(3, 40))]
+    params = [SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=24, ignore_eos=True) for i in range(7)]
+    expected = [e.token_ids for e in ref.generate(prompts, params)]
+    knobs = {"max_num_seqs": 3, "block_size": 16, "spare_blocks": 2, "token_budget": 20, "enable_prefix_caching": True}
+    for stage in STAGES:
+        llm = build(stage, model, "bfloat16", knobs, prompts, params)
+        assert llm.device.type == "cuda"
+        got = run_in_order(llm, prompts, params, list(reversed(range(7))))
+        assert [g.token_ids for g in got] == expected, stage

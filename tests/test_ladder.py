@@ -33,7 +33,7 @@ def test_ladder_runs_and_writes_json(tmp_path):
 def test_hf_baseline_counts_the_reference_tokens():
     import torch
 
-    from stages import baselines
+    from stages.bench import baselines
     prompts = [[5, 6, 7, 8], [300, 301], [40, 41, 42, 43, 44, 45]]
     limits = [6, 9, 4]
     row = baselines.hf_generate(resolve_model("tiny"), prompts, limits, eos=2, batch_size=2, dtype=torch.float32)

@@ -33,18 +33,24 @@ def test_same_tokens_as_reference_on_cpu(reference, workload, max_num_seqs, kv_b
 
 
 def test_kernel_path_end_to_end_interpreted(monkeypatch):
-    """The CUDA code path (fused norms, RoPE, SwiGLU, KV store, paged decode next to a prefill) run through the
-    Triton interpreter on the tiny model in float32 gives the reference's tokens."""
+    """The CUDA code path (fused norms, RoPE, SwiGLU, KV store) run through the Triton interpreter on the tiny
+    model in float32 gives the reference's tokens. With fused_attention the decode-attention kernel runs too:
+    its arithmetic is not the reference's, so only the first token of each request (from the prefill, which keeps
+    the reference attention) is promised."""
     monkeypatch.setenv("STEPWISE_FORCE_KERNELS", "1")
-    llm = kernels.LLM("tiny", dtype="float32", max_num_seqs=2, max_num_batched_tokens=16)
-    assert llm.model.use_kernels and llm.cache.use_kernels
     prompts = [[5, 6, 7], list(range(40, 70)), [900, 3]]  # the third joins while the first two decode
     params = [SamplingParams(temperature=0, max_tokens=5), SamplingParams(temperature=0.9, seed=4, max_tokens=4),
               SamplingParams(temperature=0, max_tokens=6)]
-    got = llm.generate(prompts, params)
+    exact = kernels.LLM("tiny", dtype="float32", max_num_seqs=2, max_num_batched_tokens=16)
+    fused = kernels.LLM("tiny", dtype="float32", max_num_seqs=2, max_num_batched_tokens=16, fused_attention=True)
+    assert exact.model.use_kernels and exact.cache.use_kernels and not exact.cache.fused_attention
+    assert fused.cache.fused_attention
+    got, got_fused = exact.generate(prompts, params), fused.generate(prompts, params)
     monkeypatch.delenv("STEPWISE_FORCE_KERNELS")
     expected = ReferenceLLM("tiny", dtype="float32").generate(prompts, params)
     assert [g.token_ids for g in got] == [e.token_ids for e in expected]
+    assert [g.token_ids[0] for g in got_fused] == [e.token_ids[0] for e in expected]
+    assert [len(g.token_ids) for g in got_fused] == [len(e.token_ids) for e in expected]
 
 
 def test_command_line_says_which_path_it_took():

@@ -3,10 +3,10 @@ CPU), says which path ran."""
 import importlib
 import sys
 
-import torch
 from rich.console import Console
 
 from common.cli import parser, run
+from common.loader import resolve_device
 
 from .model import describe_path
 
@@ -19,5 +19,5 @@ if __name__ == "__main__":
         sys.exit(importlib.import_module("stages.04_kernels.gpu_check").main())
     if args.fusion:
         sys.exit(importlib.import_module("stages.04_kernels.fusion_report").main(args.max_num_seqs))
-    Console().print(f"[bold]stage 04 path:[/] {describe_path(torch.device(args.device))}")
+    Console().print(f"[bold]stage 04 path:[/] {describe_path(resolve_device(args.device))}")
     run(["stages.03_paged_kv", "stages.04_kernels"] if args.compare else ["stages.04_kernels"], args)

@@ -18,6 +18,11 @@ class LLM(paged.LLM):
     model_class = KernelLlama
     cache_class = KernelPagedCache
 
+    def __init__(self, model: str = "smollm2-135m", *, fused_attention: bool = False, **kwargs):
+        """fused_attention: decode attention in the Triton kernel on CUDA (faster, not the reference's bits)."""
+        super().__init__(model, **kwargs)
+        self.cache.fused_attention = bool(fused_attention) and self.cache.use_kernels
+
     @property
     def execution_path(self) -> str:
         return self.model.path

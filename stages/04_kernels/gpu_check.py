@@ -1,6 +1,6 @@
 """`python -m stages.04_kernels --gpu-check`: everything a CUDA machine should confirm, in one run.
 
-1. the kernel tests, compiled (not interpreted);
+1. the kernel tests, compiled (not interpreted), and every stage's tokens on CUDA against the reference;
 2. each kernel's time and achieved GB/s against the device's measured copy bandwidth;
 3. stages 03 and 04 on the real model in bfloat16, same workload: output tokens/s and token agreement.
 """
@@ -88,12 +88,13 @@ def main() -> int:
                       "`pytest tests/test_kernels.py` (interpreted) instead.")
         return 2
     t0 = time.perf_counter()
-    console.rule("1. kernel tests, compiled")
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py"], text=True)
+    console.rule("1. kernel tests, compiled, and every stage's tokens on CUDA against the reference")
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py",
+                            "tests/test_identical_tokens.py::test_every_stage_on_cuda_gives_the_same_tokens"], text=True)
     console.rule("2. kernel timings")
     kernel_table(console)
     console.rule("3. stages 03 and 04 end to end")
     end_to_end(console)
-    console.print(f"gpu check finished in {time.perf_counter() - t0:.0f} s; kernel tests "
+    console.print(f"gpu check finished in {time.perf_counter() - t0:.0f} s; kernel and CUDA token tests "
                   f"{'passed' if tests.returncode == 0 else 'FAILED'}")
     return tests.returncode

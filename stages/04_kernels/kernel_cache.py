@@ -1,8 +1,13 @@
-"""Stage 03's paged cache, with the KV write and the decode attention as Triton kernels on CUDA.
+"""Stage 03's paged cache, with the KV write (and, opted into, the decode attention) as Triton kernels on CUDA.
 
-Per step, decoding sequences (one new token each) go through the paged decode kernel;
-sequences still prefilling keep stage 03's attention, computed for them alone. Each
-sequence's result depends only on itself either way, so the split changes no result.
+The KV write is a copy, so its kernel changes no bit. The paged decode-attention kernel
+(flash-decoding with a fixed split size, `paged_attention.py`) is batch-invariant too, but
+its arithmetic is its own: its reductions are not those of the reference's attention, whose
+matmuls run in cuBLAS. A token's keys and values would then depend on whether it was
+computed in a decode step or in a prefill chunk (chunked prefill, recompute after
+preemption), and tokens would stop matching the reference. So it runs only when asked for
+(``LLM(..., fused_attention=True)``): faster decoding, at the price of the guarantee.
+Decoding sequences then go through it; sequences still prefilling keep stage 03's attention.
 """
 from __future__ import annotations
 
@@ -22,12 +27,13 @@ class KernelPagedCache(paged.PagedKVCache):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.use_kernels, _ = kernels_available(self.k.device)
+        self.fused_attention = False  # set by stage 04's LLM(..., fused_attention=True) when kernels run
         if self.use_kernels:
             from . import elementwise, paged_attention
             self.elementwise, self.paged_attention = elementwise, paged_attention
 
     def prepare(self, seqs: list[Sequence], query_lens: list[int]) -> None:
-        if not self.use_kernels:
+        if not self.fused_attention:
             return super().prepare(seqs, query_lens)
         dev = self.k.device
         self.slot_mapping = self.write_slots(seqs, query_lens)
@@ -53,6 +59,8 @@ class KernelPagedCache(paged.PagedKVCache):
             return super().__call__(layer, q, k, v)
         kc, vc = self.k[layer], self.v[layer]
         self.elementwise.store_kv(k, v, kc, vc, self.slot_mapping)
+        if not self.fused_attention:
+            return attention(q, *self.chunks(layer), self.meta)
         out = torch.empty_like(q)
         if self.decode_rows.numel():
             out[self.decode_rows] = self.paged_attention.paged_decode_attention(

@@ -1,4 +1,4 @@
-"""python -m stages.invariance: what batch-invariant math buys, and what it costs.
+"""python -m stages.bench.invariance: what batch-invariant math buys, and what it costs.
 
 The chat workload runs twice through the same math: once one request at a time (the
 reference), once batched by stage 03. With plain torch math (``batch_invariant=False``:

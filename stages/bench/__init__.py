@@ -1,0 +1,3 @@
+"""Measuring the stages (not part of any engine): the ladder (`python -m stages`), its baselines (HF
+`generate`, llama.cpp), its verdict and plot, and the price-of-invariance lesson
+(`python -m stages.bench.invariance`)."""

@@ -1,0 +1,160 @@
+"""python -m stages: the benchmark ladder. One workload through every stage and the baselines, in one process.
+
+Prints a table (metrics down, engines across) with each engine's ratio to stage 01 and to each
+baseline, the same stage on plain (not batch-invariant) math for the price of invariance, one
+request alone against HF at batch 1 and against the read-bandwidth ceiling, and a verdict: does
+every stage beat the one before it? Writes the figures as JSON (--json, default
+bench-<workload>.json) and, with --plot FILE.png, a picture.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from common import roofline, workloads
+from common.cli import STAGE_NAMES, parser
+from common.loader import resolve_device
+from common.paths import resolve_model, smollm2_gguf_path
+from common.reference import ReferenceLLM
+from common.report import format_value
+
+from . import baselines, verdict
+from .runs import hf_single_request, single_request, stage_row
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = parser(__doc__)
+    ap.set_defaults(num_requests=128, max_tokens=128, max_num_seqs=32)
+    ap.add_argument("--stages", default="01,02,03,04,05", help="which stages to run, e.g. 01,03")
+    ap.add_argument("--in-flight", default=None, help="several max_num_seqs to run the stages at, e.g. 32,64")
+    ap.add_argument("--no-plain", action="store_true", help="skip stage 03 on plain math (the price of invariance)")
+    ap.add_argument("--hf-batch-sizes", default="16,32,64", help="left-padded batch sizes HF generate tries")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--prompt-range", default="16,256", help="random workload: prompt lengths")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="draw the ladder (tok/s, TTFT, TPOT) into this PNG (matplotlib)")
+    return ap
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    args.device = str(resolve_device(args.device))  # "auto": CUDA when torch sees a GPU
+    console = Console()
+    torch.manual_seed(0)
+    dtype = getattr(torch, args.dtype)
+    copy_bw, read_bw = roofline.measure_bandwidth(args.device), roofline.measure_read_bandwidth(args.device)
+    flops = roofline.measure_matmul_flops(args.device, dtype)
+    ref = ReferenceLLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization)
+    if args.workload == "random":
+        lo, hi = map(int, args.prompt_range.split(","))
+        prompts, params = workloads.random_lengths(args.num_requests, (lo, hi), (8, args.max_tokens),
+                                                   ref.config.vocab_size)
+    else:
+        prompts, params = workloads.build(args.workload, ref.tokenizer, args.num_requests, args.max_tokens,
+                                          ref.config.vocab_size,
+                                          system=workloads.SYSTEM_PROMPT if args.system_prompt else None)
+    ids = [p if isinstance(p, list) else ref.tokenizer.encode(p) for p in prompts]
+    alone = single_request(ref, ids[0], read_bw)
+    del ref
+    console.print(f"[bold]ladder:[/] {args.workload}, {len(prompts)} requests, {sum(map(len, ids)):,} prompt tokens, "
+                  f"{args.model}, {args.dtype}{f' ({args.quantization} weights)' if args.quantization else ''}, "
+                  f"{args.device}, {os.cpu_count()} CPUs, read bandwidth {read_bw / 1e9:.1f} GB/s (copy "
+                  f"{copy_bw / 1e9:.1f}), matmul {flops / 1e9:,.0f} GFLOP/s")
+    rows, verdicts, plain_ratio = {}, {}, {}
+    in_flight = [int(n) for n in (args.in_flight or str(args.max_num_seqs)).split(",")]
+    for n in in_flight:
+        suffix = f" @{n}" if len(in_flight) > 1 else ""
+        run_args = copy.copy(args)
+        run_args.max_num_seqs = n
+        ran = {}
+        for nn in args.stages.split(","):
+            module = next(m for m in STAGE_NAMES if m.startswith(f"stages.{nn}"))
+            ran[STAGE_NAMES[module]] = stage_row(module, run_args, prompts, params, read_bw, flops)
+            console.print(f"{STAGE_NAMES[module]}{suffix}: {ran[STAGE_NAMES[module]]['output tok/s']:.1f} output tok/s")
+        verdicts[n] = verdict.verdict(ran)
+        if not args.no_plain and "03 paged" in ran:
+            run_args.no_batch_invariant = True
+            ran["03 paged, plain math"] = plain = stage_row("stages.03_paged_kv", run_args, prompts, params, read_bw,
+                                                            flops)
+            plain_ratio[n] = ran["03 paged"]["output tok/s"] / plain["output tok/s"]
+            console.print(f"03 paged, plain math{suffix}: {plain['output tok/s']:.1f} output tok/s")
+        rows.update({name + suffix: r for name, r in ran.items()})
+    first_tokens = next(iter(rows.values()))["tokens"]
+    same = {name: r.pop("tokens") == first_tokens for name, r in rows.items()}
+    base, notes = run_baselines(args, ids, params, console)
+    first = next(iter(rows.values()))["output tok/s"]
+    columns = {**rows, **{b["engine"]: b for b in base.values()}}
+    for r in columns.values():
+        r["x stage 01" if "01 static" in rows else "x first column"] = r["output tok/s"] / first
+        for label, b in base.items():
+            r[f"x {label}"] = r["output tok/s"] / b["output tok/s"]
+    precision = f"{args.dtype}" + (f", {args.quantization} weights (HF: {args.dtype})" if args.quantization else "")
+    table = Table(title=f"{args.workload} workload, {len(prompts)} requests, {precision}, {platform.machine()} CPU "
+                  f"x{os.cpu_count()}" if args.device == "cpu" else args.device)
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    metrics = [m for m in next(iter(rows.values())) if m != "engine"]
+    metrics += [m for b in base.values() for m in b if m not in metrics and m != "engine"]
+    for m in metrics:
+        table.add_row(m, *(format_value(m, c[m]) if m in c else "-" for c in columns.values()))
+    table.add_row("same tokens as first stage", *(("yes" if same[n] else "NO") if n in same else "-" for n in columns))
+    console.print(table)
+    if not args.no_hf:
+        alone["HF batch 1 decode tok/s"] = hf_single_request(resolve_model(args.model), ids[0], dtype, alone["tokens"])
+    console.print(f"one request alone ({alone['tokens']} tokens): decode {alone['decode tok/s']:.1f} tok/s = "
+                  f"{alone['of ceiling']:.0%} of the read-bandwidth ceiling ({alone['ceiling tok/s']:.1f} tok/s = "
+                  f"{read_bw / 1e9:.1f} GB/s / {alone['weight MB']:.0f} MB of weights per token)"
+                  + (f"; HF generate at batch 1: {alone['HF batch 1 decode tok/s']:.1f} tok/s, so "
+                     f"{alone['decode tok/s'] / alone['HF batch 1 decode tok/s']:.2f}x" if not args.no_hf else ""))
+    for n, ratio in plain_ratio.items():
+        console.print(f"price of invariance at {n} in flight: stage 03 on invariant math runs at {ratio:.2f}x its "
+                      f"plain-math speed (python -m stages.bench.invariance shows what plain math changes)")
+    for n, (ok, text) in verdicts.items():
+        console.print(f"[{'green' if ok else 'red'}]verdict at {n} in flight:[/] {text}")
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}")
+    result = {"workload": args.workload, "requests": len(prompts), "dtype": args.dtype,
+              "quantization": args.quantization, "device": args.device, "cpus": os.cpu_count(),
+              "read_bandwidth_bytes_per_s": read_bw, "copy_bandwidth_bytes_per_s": copy_bw, "matmul_flops": flops,
+              "date": time.strftime("%F"), "engines": columns, "same_tokens": same, "single_request": alone,
+              "invariant_over_plain": plain_ratio, "verdicts": {n: v for n, (_, v) in verdicts.items()},
+              "climbs": all(ok for ok, _ in verdicts.values()), "notes": notes, "argv": argv}
+    path = args.json or f"bench-{args.workload}.json"
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    console.print(f"figures written to {path}")
+    if args.plot:
+        verdict.plot(columns, args.plot, f"{args.workload}, {len(prompts)} requests, {args.model}, {precision}, "
+                                         f"{platform.machine()} x{os.cpu_count()}")
+        console.print(f"ladder drawn in {args.plot}")
+    return result
+
+
+def run_baselines(args, ids, params, console) -> tuple[dict, list[str]]:
+    base, notes = {}, []
+    limits = [p.max_tokens for p in params]
+    if not args.no_hf and not all(p.ignore_eos for p in params):
+        best = None
+        for bs in map(int, args.hf_batch_sizes.split(",")):
+            r = baselines.hf_generate(resolve_model(args.model), ids, limits, 2, bs, getattr(torch, args.dtype))
+            console.print(f"{r['engine']}: {r['output tok/s']:.1f} output tok/s")
+            best = r if best is None or r["output tok/s"] > best["output tok/s"] else best
+        base["HF"] = best
+    elif not args.no_hf:
+        notes.append("HF generate skipped: this workload ignores EOS, which generate cannot do per request")
+    if not args.no_llama_cpp and baselines.llama_cpp_available() and args.model == "smollm2-135m":
+        base["llama.cpp"] = baselines.llama_cpp(smollm2_gguf_path(), ids, limits, os.cpu_count())
+        console.print(f"llama.cpp: {base['llama.cpp']['output tok/s']:.1f} output tok/s")
+    elif not args.no_llama_cpp:
+        notes.append("llama.cpp skipped: llama-cpp-python is not installed (make bench builds it; minutes)")
+    return base, notes

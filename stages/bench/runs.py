@@ -1,0 +1,66 @@
+"""One row of the ladder: a stage (or the reference alone) run on the workload, with the figures it earned."""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+from common.cli import make_llm
+from common.loader import expected_shapes
+from common.report import summary_row
+from common.sampling import SamplingParams
+
+
+def stage_row(module: str, args: argparse.Namespace, prompts, params, bandwidth: float, flops: float) -> dict:
+    llm = make_llm(module, args)
+    outputs = llm.generate(prompts, params, progress=True)
+    if hasattr(llm, "shutdown"):
+        llm.shutdown()
+    r = summary_row(llm.stats, outputs, llm.max_num_seqs)
+    st, weights = llm.stats, llm.model.weight_bytes
+    # Bytes a step must read (weights once, plus KV) vs time: bandwidth use; 2 FLOP per weight per token: compute use.
+    per_token = llm.config.kv_bytes_per_token(llm.dtype.itemsize)
+    kv_read = sum(len(o.prompt_token_ids) + len(o.token_ids) / 2 for o in outputs) * per_token
+    params_count = sum(math.prod(shape) for shape in expected_shapes(llm.config).values())
+    r["bandwidth use"] = (st.steps * weights + kv_read) / st.wall_seconds / bandwidth
+    r["compute use"] = 2 * params_count * (st.prefill_tokens + st.decode_tokens) / st.wall_seconds / flops
+    r["tokens"] = [o.token_ids for o in outputs]
+    return r
+
+
+def decode_rate(token_times: list[float]) -> float:
+    """Tokens per second after the first (the decode pace)."""
+    return (len(token_times) - 1) / (token_times[-1] - token_times[0])
+
+
+def single_request(llm, prompt: list[int], read_bandwidth: float, tokens: int = 128) -> dict:
+    """One request alone through the reference: its decode rate against the ceiling of reading every weight
+    once per token at the machine's read bandwidth."""
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm
+    rate = decode_rate(llm.generate([prompt], params)[0].metrics.token_times)
+    ceiling = read_bandwidth / llm.model.weight_bytes
+    return {"tokens": tokens, "decode tok/s": rate, "ceiling tok/s": ceiling, "of ceiling": rate / ceiling,
+            "weight MB": llm.model.weight_bytes / 1e6}
+
+
+def hf_single_request(folder, prompt: list[int], dtype: torch.dtype, tokens: int = 128) -> float:
+    """HF `generate` at batch 1, same prompt and token count: decode tokens per second (timed per token)."""
+    from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    times: list[float] = []
+
+    class StepClock(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)  # warm
+        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                       stopping_criteria=StoppingCriteriaList([StepClock()]))
+    return decode_rate(times)

@@ -1,0 +1,50 @@
+"""Does the ladder climb? Each stage's throughput against its predecessor's, and a picture of the run."""
+from __future__ import annotations
+
+STAGE_ORDER = ["01 static", "02 continuous", "03 paged", "04 kernels", "05 streaming"]
+
+
+def climb(rows: dict[str, dict]) -> list[tuple[str, str, float]]:
+    """(stage, predecessor, ratio of output tok/s) for each stage whose predecessor also ran, in ladder order."""
+    ran = [name for name in STAGE_ORDER if name in rows]
+    return [(b, a, rows[b]["output tok/s"] / rows[a]["output tok/s"]) for a, b in zip(ran, ran[1:])]
+
+
+def verdict(rows: dict[str, dict]) -> tuple[bool, str]:
+    """Whether every stage is at least as fast as the one before it, and a sentence that says so."""
+    steps = climb(rows)
+    if not steps:
+        return True, "one stage ran: nothing to climb"
+    falls = [f"{b} is {r:.2f}x {a}" for b, a, r in steps if r < 1]
+    text = "; ".join(f"{b} / {a} = {r:.2f}x" for b, a, r in steps)
+    if falls:
+        return False, f"the ladder does not climb everywhere: {', '.join(falls)} ({text})"
+    return True, f"every stage is at least as fast as the one before it ({text})"
+
+
+def plot(rows: dict[str, dict], path: str, title: str) -> None:
+    """Output tok/s, TTFT p50 and TPOT p50 per engine, side by side (matplotlib, for READMEs and slides)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    panels = [("output tok/s", "output tokens/s (higher: better)", "%.0f"),
+              ("TTFT p50 s", "time to first token p50, s", "%.2f"),
+              ("TPOT p50 ms", "time per output token p50, ms", "%.0f")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 0.9 + 0.42 * len(names)), constrained_layout=True)
+    colors = ["#dd8452" if "plain" in n else "#4c72b0" if any(n.startswith(s) for s in STAGE_ORDER) else "#999999"
+              for n in names]
+    for ax, (metric, label, fmt) in zip(axes, panels):
+        values = [rows[n].get(metric, float("nan")) for n in names]
+        bars = ax.barh(names, values, color=colors)
+        ax.bar_label(bars, fmt=fmt, padding=3, fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.invert_yaxis()
+        ax.margins(x=0.25)
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,33 @@
+"""The ladder's verdict and picture, on fixed figures."""
+from stages.bench import verdict
+
+
+def rows(*rates):
+    return {name: {"output tok/s": r, "TTFT p50 s": 1.0, "TPOT p50 ms": 50.0}
+            for name, r in zip(verdict.STAGE_ORDER, rates)}
+
+
+def test_a_ladder_that_climbs():
+    ok, text = verdict.verdict(rows(100, 130, 140, 161, 161))
+    assert ok and "04 kernels / 03 paged = 1.15x" in text and "05 streaming / 04 kernels = 1.00x" in text
+    assert [round(r, 2) for _, _, r in verdict.climb(rows(100, 130, 140, 161, 161))] == [1.3, 1.08, 1.15, 1.0]
+
+
+def test_a_ladder_that_falls_names_every_fall():
+    ok, text = verdict.verdict(rows(100, 90, 140, 120, 130))
+    assert not ok
+    assert "02 continuous is 0.90x 01 static" in text and "04 kernels is 0.86x 03 paged" in text
+    assert "03 paged is" not in text  # it climbed
+
+
+def test_only_stages_that_ran_are_compared():
+    r = rows(100, 130, 140, 161, 161)
+    del r["02 continuous"], r["04 kernels"]
+    assert verdict.climb(r) == [("03 paged", "01 static", 1.4), ("05 streaming", "03 paged", 161 / 140)]
+    assert verdict.verdict({"01 static": r["01 static"]}) == (True, "one stage ran: nothing to climb")
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "ladder.png"
+    verdict.plot({**rows(100, 130, 140, 161, 161), "HF generate (batch 64)": {"output tok/s": 120.0}}, str(path), "t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
