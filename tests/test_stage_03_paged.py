@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import TINY_VOCAB, sampling_params
+from workloads import TINY_VOCAB, checked_steps, sampling_params
 
 paged = importlib.import_module("stages.03_paged_kv")
 TINY_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2  # layers x KV heads x head size x bf16, keys and values
@@ -46,14 +46,18 @@ def test_same_tokens_as_reference(reference, workload, block_size, spare_blocks,
                     TINY_BYTES_PER_TOKEN, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_seqs + token_budget, enable_prefix_caching=prefix_caching)
     expected = reference.generate(prompts, params)
-    got = llm.generate(prompts, params)
+    with checked_steps() as violations:
+        got = llm.generate(prompts, params)
+    assert not violations, violations[:3]
     for e, g in zip(expected, got):
         assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)
     bm = llm.block_manager
     assert bm.num_free_blocks == bm.num_blocks  # every block back in the pool
     assert all(b.ref_count == 0 for b in bm.blocks)
     # Run again on the warm cache: prefix hits must not change a token either.
-    again = llm.generate(prompts, params)
+    with checked_steps() as violations:
+        again = llm.generate(prompts, params)
+    assert not violations, violations[:3]
     assert [g.token_ids for g in again] == [e.token_ids for e in expected]
     assert bm.num_free_blocks == bm.num_blocks
 

@@ -1,5 +1,7 @@
 """Hypothesis strategies for workloads, and small helpers, shared by the stage tests."""
+import importlib
 import time
+from contextlib import contextmanager
 
 from hypothesis import strategies as st
 
@@ -38,3 +40,34 @@ def wait_until(condition, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+@contextmanager
+def checked_steps():
+    """Check every step a paged scheduler (stages 03-05) plans while the block runs; yields the violations found.
+
+    A step feeds at most ``max_num_batched_tokens`` tokens and ``max_num_seqs`` sequences, each sequence once,
+    each at least one and at most its uncomputed tokens, into blocks already allocated for them. Stage 05 plans
+    in its engine thread, so violations are collected, not raised: the test asserts the list is empty."""
+    scheduler_class = importlib.import_module("stages.03_paged_kv").Scheduler
+    plan, violations = scheduler_class.schedule, []
+
+    def schedule(self):
+        seqs, lens = plan(self)
+        bs = self.block_manager.block_size
+        checks = {
+            "token budget": sum(lens) <= self.max_num_batched_tokens,
+            "sequence limit": len(seqs) <= self.max_num_seqs and len(self.running) <= self.max_num_seqs,
+            "each sequence once": len({s.seq_id for s in seqs}) == len(seqs) == len(lens),
+            "feeds 1..uncomputed tokens": all(1 <= n <= s.num_new_tokens for s, n in zip(seqs, lens)),
+            "blocks allocated": all(len(s.block_table) * bs >= s.num_cached_tokens + n for s, n in zip(seqs, lens)),
+        }
+        violations.extend(f"{name}: lens={lens}, budget={self.max_num_batched_tokens}"
+                          for name, ok in checks.items() if not ok)
+        return seqs, lens
+
+    scheduler_class.schedule = schedule
+    try:
+        yield violations
+    finally:
+        scheduler_class.schedule = plan
