@@ -268,12 +268,13 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
 
     llm.step = step_then_hold
     prompts = [list(range(start, start + n)) for start, n in ((100, 20), (300, 35), (500, 50))]  # nothing shared
-    params = SamplingParams(temperature=0.8, seed=3, max_tokens=30, ignore_eos=True)
+    # Long enough that the third request arrives while the first two still run, however slowly clients start.
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=120, ignore_eos=True)
     texts = [None] * 3
 
     def one(i):
         texts[i] = "".join(ch.choices[0].text for ch in client(s).completions.create(
-            model="tiny", prompt=[prompts[i]], max_tokens=30, temperature=0.8, seed=3, stream=True,
+            model="tiny", prompt=[prompts[i]], max_tokens=120, temperature=0.8, seed=3, stream=True,
             extra_body={"ignore_eos": True}))
 
     with Server(llm, "tiny") as s, httpx.Client(timeout=30) as http:
@@ -303,9 +304,9 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
     assert (after["stepwise_requests_running"], after["stepwise_requests_waiting"]) == (0, 0)
     assert (after["stepwise_kv_blocks_used"], after["stepwise_kv_blocks_free"]) == (0, pool)
     assert after['stepwise_requests_finished_total{finish_reason="length"}'] == 3
-    assert after["stepwise_output_tokens_total"] == 3 * 30
+    assert after["stepwise_output_tokens_total"] == 3 * 120
     assert after["stepwise_time_to_first_token_seconds_count"] == 3
-    assert after["stepwise_inter_token_latency_seconds_count"] == 3 * 29
+    assert after["stepwise_inter_token_latency_seconds_count"] == 3 * 119
 
 
 def test_full_queue_gets_503():
