@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test bench setup model clean
+.PHONY: demo test bench mutants setup model clean
 
 setup: $(DEPS)
 
@@ -38,5 +38,19 @@ bench: $(MODEL)
 		$(BIN)/pip install -q --disable-pip-version-check --no-deps "llama-cpp-python==0.3.36" diskcache
 	$(BIN)/python -m stages
 
+# Mutation testing, a tool and not a CI step: mutmut plants small bugs in the core engine modules ([tool.mutmut]
+# in pyproject.toml) one at a time, runs the fast tests that cover each, and lists the mutants no test caught.
+# Slow (an hour or more on one core): property tests run at MUTANT_EXAMPLES of their usual examples. Pin it to a
+# core with `taskset -c 1 make mutants`; `mutmut show NAME` (in the venv) prints one mutant's diff.
+MUTMUT := 3.8.1
+MUTANT_EXAMPLES ?= 0.3
+mutants: $(MODEL)
+	$(BIN)/python -c "import importlib.metadata as m; assert m.version('mutmut') == '$(MUTMUT)'" 2>/dev/null || \
+		$(BIN)/pip install -q --disable-pip-version-check "mutmut==$(MUTMUT)"
+	rm -rf mutants
+	STEPWISE_EXAMPLES_SCALE=$(MUTANT_EXAMPLES) OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children 1
+	@echo "survivors (and mutants no fast test covers):"
+	@$(BIN)/mutmut results
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) mutants

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import TINY_VOCAB, checked_steps, sampling_params
+from workloads import TINY_VOCAB, checked_steps, examples, sampling_params
 
 paged = importlib.import_module("stages.03_paged_kv")
 TINY_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2  # layers x KV heads x head size x bf16, keys and values
@@ -33,7 +33,7 @@ def shared_prefix_workloads(draw, max_requests=8):
     return prompts, [draw(sampling_params()) for _ in range(n)]
 
 
-@settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(35), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=shared_prefix_workloads(), block_size=st.sampled_from([1, 4, 16]),
        spare_blocks=st.integers(0, 30), max_num_seqs=st.integers(1, 6), token_budget=st.integers(0, 64),
        prefix_caching=st.booleans())

@@ -1,5 +1,6 @@
 """Hypothesis strategies for workloads, and small helpers, shared by the stage tests."""
 import importlib
+import os
 import time
 from contextlib import contextmanager
 
@@ -8,6 +9,11 @@ from hypothesis import strategies as st
 from common import SamplingParams
 
 TINY_VOCAB = 1024
+
+
+def examples(n: int) -> int:
+    """A property test's hypothesis examples: ``n``, times $STEPWISE_EXAMPLES_SCALE (`make mutants` runs fewer)."""
+    return max(1, round(n * float(os.environ.get("STEPWISE_EXAMPLES_SCALE", "1"))))
 
 
 @st.composite
