@@ -20,7 +20,7 @@ def reference():
     return ReferenceLLM("tiny", dtype="bfloat16")
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(), max_num_seqs=st.integers(1, 6), kv_blocks=st.integers(0, 20))
 def test_same_tokens_as_reference_on_cpu(reference, workload, max_num_seqs, kv_blocks):
     prompts, params = workload

@@ -26,7 +26,7 @@ def engine():
 
 
 
-@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(max_requests=4, max_prompt=60), data=st.data())
 def test_stream_equals_generate_equals_reference(reference, engine, workload, data):
     prompts, params = workload
