@@ -133,6 +133,23 @@ def test_a_reader_that_stops_aborts_its_request_and_frees_its_blocks(reference, 
     assert wait_until(lambda: not engine.scheduler.running and engine.block_manager.num_used_blocks == 0)
 
 
+def test_a_request_aborted_while_queued_never_runs(reference):
+    llm = streaming.LLM("tiny", max_num_seqs=1)
+    try:
+        long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        first = llm.add_request([9, 8, 7], long)
+        queued = llm.add_request([5, 6], SamplingParams(temperature=0, max_tokens=5))
+        assert wait_until(lambda: llm.scheduler.running and len(llm.scheduler.waiting) == 1)
+        llm.abort(queued.request_id)  # the client gives up while its request waits for a slot
+        assert queued.done.wait(30)
+        chunks = list(queued)
+        assert chunks[-1].finish_reason == "abort" and not any(c.token_ids for c in chunks)
+        assert [t for c in first for t in c.token_ids] == reference.generate([[9, 8, 7]], long)[0].token_ids
+        assert llm.metrics.finished == {"abort": 1, "length": 1}
+    finally:
+        llm.shutdown()
+
+
 def test_latency_metrics(reference, engine):
     params = SamplingParams(temperature=0.9, seed=1, max_tokens=12, ignore_eos=True)
     chunks = list(engine.stream([3, 4, 5], params))
