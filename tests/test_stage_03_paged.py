@@ -190,3 +190,25 @@ def test_real_model_shared_system_prompt():
     assert shared > 30  # the system prompt
     assert llm.stats.prefix_hit_tokens == 2 * (shared // 8 * 8)  # the later two reuse its full blocks
     assert [g.token_ids for g in got] == [e.token_ids for e in ref.generate(prompts, params)]
+
+
+def test_an_engine_error_mid_run_leaks_no_blocks(reference):
+    """A step that raises ends `generate` with the error, but every block goes back: the next call runs normally."""
+    llm = paged.LLM("tiny", block_size=4, max_num_seqs=3)
+    prompts, params = [[5 + i] * 9 for i in range(3)], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    run, calls = llm.runner.run, []
+
+    def fails_on_the_third_step(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("device lost")
+        return run(*args)
+
+    llm.runner.run = fails_on_the_third_step
+    with pytest.raises(RuntimeError, match="device lost"):
+        llm.generate(prompts, params)
+    bm = llm.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and all(b.ref_count == 0 for b in bm.blocks)
+    llm.runner.run = run
+    assert [g.token_ids for g in llm.generate(prompts, params)] == \
+        [e.token_ids for e in reference.generate(prompts, params)]
