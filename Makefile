@@ -43,10 +43,12 @@ bench: $(MODEL)
 # Slow (an hour or more on one core): property tests run at MUTANT_EXAMPLES of their usual examples. Pin it to a
 # core with `taskset -c 1 make mutants`; `mutmut show NAME` (in the venv) prints one mutant's diff.
 MUTMUT := 3.8.1
+PYTEST_TIMEOUT := 2.4.0
 MUTANT_EXAMPLES ?= 0.3
 mutants: $(MODEL)
-	$(BIN)/python -c "import importlib.metadata as m; assert m.version('mutmut') == '$(MUTMUT)'" 2>/dev/null || \
-		$(BIN)/pip install -q --disable-pip-version-check "mutmut==$(MUTMUT)"
+	$(BIN)/python -c "import importlib.metadata as m; assert m.version('mutmut') == '$(MUTMUT)'; \
+		assert m.version('pytest-timeout') == '$(PYTEST_TIMEOUT)'" 2>/dev/null || $(BIN)/pip install -q \
+		--disable-pip-version-check "mutmut==$(MUTMUT)" "pytest-timeout==$(PYTEST_TIMEOUT)"
 	rm -rf mutants
 	STEPWISE_EXAMPLES_SCALE=$(MUTANT_EXAMPLES) OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children 1
 	@echo "survivors (and mutants no fast test covers):"
