@@ -208,3 +208,15 @@ def test_concurrent_first_requests_start_one_engine_loop(reference):
     assert llm.loops_started == 1
     assert outputs == [e.token_ids for e in reference.generate([[20 + i, 7] for i in range(8)], params)]
     llm.shutdown()
+
+
+def test_shutdown_waits_for_the_loop_and_a_later_request_starts_a_new_one(reference):
+    llm = streaming.LLM("tiny", max_num_seqs=2)
+    params = SamplingParams(temperature=0.7, seed=4, max_tokens=8, ignore_eos=True)
+    expected = reference.generate([[4, 5]], params)[0].token_ids
+    for loop in (1, 2):
+        stream = llm.add_request([4, 5], params)
+        assert stream.done.wait(30) and [t for c in stream for t in c.token_ids] == expected
+        thread = llm._thread
+        llm.shutdown()
+        assert not thread.is_alive() and llm.loops_started == loop
