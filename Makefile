@@ -40,17 +40,19 @@ bench: $(MODEL)
 
 # Mutation testing, a tool and not a CI step: mutmut plants small bugs in the core engine modules ([tool.mutmut]
 # in pyproject.toml) one at a time, runs the fast tests that cover each, and lists the mutants no test caught.
-# Slow (an hour or more on one core): property tests run at MUTANT_EXAMPLES of their usual examples. Pin it to a
-# core with `taskset -c 1 make mutants`; `mutmut show NAME` (in the venv) prints one mutant's diff.
+# Slow: about 700 mutants at 1-2 a minute on one busy core, so hours; MUTANT_JOBS runs that many at once on a
+# machine with cores to spare. Property tests run at MUTANT_EXAMPLES of their usual examples. On a shared machine
+# pin it: `taskset -c 1 make mutants`. `mutmut show NAME` (in the venv) prints one mutant's diff.
 MUTMUT := 3.8.1
 PYTEST_TIMEOUT := 2.4.0
 MUTANT_EXAMPLES ?= 0.3
+MUTANT_JOBS ?= 1
 mutants: $(MODEL)
 	$(BIN)/python -c "import importlib.metadata as m; assert m.version('mutmut') == '$(MUTMUT)'; \
 		assert m.version('pytest-timeout') == '$(PYTEST_TIMEOUT)'" 2>/dev/null || $(BIN)/pip install -q \
 		--disable-pip-version-check "mutmut==$(MUTMUT)" "pytest-timeout==$(PYTEST_TIMEOUT)"
 	rm -rf mutants
-	STEPWISE_EXAMPLES_SCALE=$(MUTANT_EXAMPLES) OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children 1
+	STEPWISE_EXAMPLES_SCALE=$(MUTANT_EXAMPLES) OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(MUTANT_JOBS)
 	@echo "survivors (and mutants no fast test covers):"
 	@$(BIN)/mutmut results
 
