@@ -87,3 +87,24 @@ def test_each_request_draws_from_its_own_seeded_stream():
              for i in range(3)]
     assert [row[0] for row in batched] == [row[1] for row in batched] == alone[0] == alone[1]
     assert [row[2] for row in batched] == alone[2] != alone[0]
+
+
+def test_temperature_divides_the_logits():
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.1]))
+    for t in (0.5, 2.0):
+        p = SamplingParams(temperature=t, seed=11)
+        g = make_generator(p, torch.device("cpu"))
+        freq = torch.bincount(torch.tensor([sample(logits, p, g) for _ in range(4000)]), minlength=3).float() / 4000
+        torch.testing.assert_close(freq, torch.softmax(logits / t, -1), atol=0.03, rtol=0)
+
+
+def test_top_k_zero_or_minus_one_keeps_every_token():
+    logits = torch.zeros(6)
+    for k in (0, -1):
+        assert support(logits, SamplingParams(temperature=1.0, top_k=k)) == set(range(6))
+
+
+def test_greedy_rows_of_a_batch_take_their_own_argmax():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 0.0], [2.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 5.0]])
+    params = [SamplingParams(temperature=0)] * 3
+    assert sample_batch(logits, params, [None] * 3) == [1, 0, 3]
