@@ -10,6 +10,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from common import SamplingParams, Sequence
+from workloads import examples
 
 BlockManager = importlib.import_module("stages.03_paged_kv").BlockManager
 BLOCK_SIZE, NUM_BLOCKS = 4, 14
@@ -123,5 +124,5 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert all(b.ref_count == 0 for b in self.bm.blocks)
 
 
-BlockManagerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+BlockManagerMachine.TestCase.settings = settings(max_examples=examples(150), stateful_step_count=40, deadline=None)
 TestBlockManager = BlockManagerMachine.TestCase

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import TINY_VOCAB, sampling_params
+from workloads import TINY_VOCAB, checked_steps, sampling_params
 
 STAGES = ["stages.01_static_batch", "stages.02_continuous_batch", "stages.03_paged_kv", "stages.04_kernels",
           "stages.05_streaming"]
@@ -66,8 +66,10 @@ def test_every_stage_gives_the_reference_tokens(reference, workload):
     prompts, params, order, knobs = workload
     expected = [(e.token_ids, e.finish_reason) for e in reference.generate(prompts, params)]
     for stage in STAGES:
-        got = run_in_order(build(stage, "tiny", "bfloat16", knobs, prompts, params), prompts, params, order)
+        with checked_steps() as violations:  # stages 03-05: every step within its token budget
+            got = run_in_order(build(stage, "tiny", "bfloat16", knobs, prompts, params), prompts, params, order)
         assert [(g.token_ids, g.finish_reason) for g in got] == expected, stage
+        assert not violations, (stage, violations[:3])
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -1,33 +1,92 @@
-"""The benchmark ladder runs end to end (tiny model, CPU) and its baselines count tokens like the stages."""
+"""The benchmark ladder: its figures are the engines' own counters and the workload's arithmetic; its baselines
+count tokens like the stages."""
+import importlib
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from collections import deque
 
-from common import ReferenceLLM, SamplingParams
+import pytest
+
+from common import ReferenceLLM, SamplingParams, workloads
+from common.cli import STAGE_NAMES, make_llm
 from common.paths import resolve_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ladder = importlib.import_module("stages.__main__")
 
 
-def test_ladder_runs_and_writes_json(tmp_path):
+def continuous_steps(lengths: list[int], slots: int) -> int:
+    """Steps for requests of these output lengths when a slot is refilled as soon as it frees (stages 02-05)."""
+    waiting, running, steps = deque(lengths), [], 0
+    while waiting or running:
+        while waiting and len(running) < slots:
+            running.append(waiting.popleft())
+        running = [n - 1 for n in running if n > 1]
+        steps += 1
+    return steps
+
+
+def test_ladder_figures_are_the_engines_counters(tmp_path, monkeypatch, capsys):
+    built = {}
+
+    def spy(module, args):  # keep each engine and its outputs, to check the table against them
+        llm = make_llm(module, args)
+        generate = llm.generate
+
+        def keep(*a, **kw):
+            llm.outputs = generate(*a, **kw)
+            return llm.outputs
+
+        llm.generate = keep
+        built[STAGE_NAMES[module]] = llm
+        return llm
+
+    monkeypatch.setattr(ladder, "make_llm", spy)
+    monkeypatch.setenv("COLUMNS", "200")  # the table's full width
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "stages", "--model", "tiny", "--workload", "random", "--num-requests", "6",
-           "--max-tokens", "12", "--prompt-range", "4,40", "--max-num-seqs", "4", "--stages", "01,02,03,05",
-           "--no-hf", "--no-llama-cpp", "--json", str(out)]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = ladder.main(["--model", "tiny", "--workload", "random", "--num-requests", "6", "--max-tokens", "12",
+                          "--prompt-range", "4,40", "--max-num-seqs", "4", "--stages", "01,02,03,05", "--no-hf",
+                          "--no-llama-cpp", "--json", str(out)])
+    assert "same tokens as first stage" in capsys.readouterr().out
+    assert json.loads(out.read_text())["engines"] == json.loads(json.dumps(result["engines"], default=str))
     engines = result["engines"]
-    assert list(engines) == ["01 static", "02 continuous", "03 paged", "05 streaming"]
+    assert list(engines) == list(built) == ["01 static", "02 continuous", "03 paged", "05 streaming"]
     assert all(result["same_tokens"].values())
-    assert len({e["output tokens"] for e in engines.values()}) == 1
+    # The workload the ladder ran, rebuilt: random prompts, outputs of fixed length (ignore_eos).
+    prompts, params = workloads.random_lengths(6, (4, 40), (8, 12), 1024)
+    lengths = [p.max_tokens for p in params]
+    expected_tokens = [o.token_ids for o in ReferenceLLM("tiny").generate(prompts, params)]
+    steps = {"01 static": sum(max(lengths[i:i + 4]) for i in range(0, 6, 4)),
+             "02 continuous": continuous_steps(lengths, 4), "03 paged": continuous_steps(lengths, 4)}
     first = engines["01 static"]["output tok/s"]
-    for e in engines.values():
-        assert abs(e["x stage 01"] - e["output tok/s"] / first) < 1e-9
-        assert 0 < e["bandwidth use"] and 0 < e["compute use"]
-    assert "same tokens as first stage" in run.stdout
+    for name, llm in built.items():
+        r, st = engines[name], llm.stats
+        assert [o.token_ids for o in llm.outputs] == expected_tokens, name
+        assert r["requests"] == 6 and r["prompt tokens"] == sum(map(len, prompts))
+        assert r["output tokens"] == st.output_tokens == sum(lengths)
+        assert r["steps"] == st.steps
+        if name in steps:
+            assert st.steps == steps[name], name
+        else:  # stage 05's loop may start on part of the batch
+            assert st.steps >= continuous_steps(lengths, 4)
+        assert st.prefill_tokens == sum(map(len, prompts)) and st.decode_tokens == sum(n - 1 for n in lengths)
+        assert st.slot_steps_used == sum(lengths)  # every slot that ran produced a token
+        assert r["slot util"] == pytest.approx(st.slot_steps_used / st.slot_steps_available)
+        assert r["peak in flight"] == st.peak_running == 4
+        assert r["wall s"] == st.wall_seconds and r["output tok/s"] == pytest.approx(sum(lengths) / st.wall_seconds)
+        assert r["x stage 01"] == pytest.approx(r["output tok/s"] / first)
+        assert (r["KV reserved MB"], r["KV used MB"]) == (st.kv_bytes_reserved / 1e6, st.kv_bytes_used / 1e6)
+        assert r["KV waste"] == pytest.approx(1 - st.kv_bytes_used / st.kv_bytes_reserved)
+        assert r["preemptions"] == st.preemptions == 0 and r["prefix hit rate"] == st.prefix_hit_rate == 0
+        ttft = [o.metrics.time_to_first_token for o in llm.outputs]
+        assert min(ttft) <= r["TTFT p50 s"] <= r["TTFT p99 s"] == max(ttft)
+        # The roofline columns, from the same counters: bytes read (weights every step, KV of every token held)
+        # and FLOPs (2 per weight per token fed), over the time taken and the machine's measured rates.
+        weights, per_token = llm.model.weight_bytes, llm.config.kv_bytes_per_token(llm.dtype.itemsize)
+        kv_read = sum(len(p) + n / 2 for p, n in zip(prompts, lengths)) * per_token
+        assert r["bandwidth use"] == pytest.approx(
+            (st.steps * weights + kv_read) / st.wall_seconds / result["bandwidth_bytes_per_s"])
+        assert r["compute use"] == pytest.approx(
+            2 * weights / llm.dtype.itemsize * (sum(map(len, prompts)) + sum(lengths) - 6) / st.wall_seconds
+            / result["matmul_flops"])
 
 
 def test_hf_baseline_counts_the_reference_tokens():

@@ -55,3 +55,29 @@ def test_smollm2_in_each_dtype(tmp_path, dtype, torch_dtype, real_folder):
         assert t.dtype == torch_dtype
         # The same numbers as the float32 checkpoint, rounded once to this dtype.
         torch.testing.assert_close(t, ref.get_tensor(name).to(torch_dtype), rtol=0, atol=0)
+
+
+def test_tiny_model_samples_with_real_entropy(tiny_reference):
+    """Seeded tests on the tiny model must check sampling, not greedy decoding in disguise: at temperature 1,
+    different seeds give different continuations, and the most likely token is typically far from certain."""
+    from common import SamplingParams
+    from common.kv_cache import ContiguousKVCache
+
+    ref = tiny_reference
+    prompts = [[5, 6, 7], [100, 200, 300], list(range(40, 70)), [900, 3], [17, 99, 5, 301], [11] * 20, [512, 513]]
+    varied = 0
+    for prompt in prompts:
+        outs = ref.generate([prompt] * 6, [SamplingParams(temperature=1.0, seed=s, max_tokens=6, ignore_eos=True)
+                                           for s in range(6)])
+        varied += len({tuple(o.token_ids) for o in outs}) >= 4
+    assert varied >= 6, f"only {varied} of {len(prompts)} prompts give >= 4 distinct continuations over 6 seeds"
+    top1 = []
+    for prompt in prompts:
+        cache = ContiguousKVCache(ref.config, 1, len(prompt), ref.dtype, ref.device)
+        cache.prepare([0], [len(prompt)], [len(prompt)])
+        hidden = ref.model.forward(torch.tensor(prompt), torch.arange(len(prompt)), cache)
+        top1 += torch.softmax(ref.model.compute_logits(hidden).float(), -1).max(-1).values.tolist()
+    top1.sort()
+    assert top1[len(top1) // 2] < 0.5 and top1[int(0.9 * len(top1))] < 0.95, top1
+    greedy = ref.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert len({tuple(g.token_ids) for g in greedy}) == len(prompts)  # and the output depends on the prompt

@@ -86,3 +86,17 @@ def test_loads_in_each_dtype(tiny_folder):
         assert load_model(tiny_folder, dtype).embed.dtype == dtype
     with pytest.raises(ValueError, match="dtype"):
         load_model(tiny_folder, "int3")
+
+
+def test_first_token_is_the_argmax_of_the_whole_prompt(tiny_reference):
+    """An oracle outside the request bookkeeping: the model run directly on every prompt position."""
+    from common.kv_cache import ContiguousKVCache
+
+    ref, prompt = tiny_reference, "the whole prompt counts"
+    ids = ref.tokenizer.encode(prompt)
+    cache = ContiguousKVCache(ref.config, 1, len(ids), ref.dtype, ref.device)
+    cache.prepare([0], [len(ids)], [len(ids)])
+    logits = ref.model.compute_logits(ref.model.forward(torch.tensor(ids), torch.arange(len(ids)), cache))
+    out = ref.generate([prompt], SamplingParams(temperature=0, max_tokens=1))[0]
+    assert out.token_ids == [int(torch.argmax(logits[-1]))]
+    assert (out.prompt, out.prompt_token_ids) == (prompt, ids)

@@ -9,23 +9,32 @@ def article():
     return roofline.Article().figures()
 
 
-@pytest.mark.parametrize("figure, expected, tol", [
-    ("weights GB (16-bit)", 26, 0), ("weights GB (8-bit)", 13, 0),
-    ("tok/s, 1 request (weights only)", 76.9, 0.05), ("tok/s, 32 requests (weights only)", 2461.5, 0.05),
-    ("KV GB read, 32 x 400 tokens", 10.49, 0.005), ("step cost vs 1 request", 1.4, 0.05),
-    ("tok/s, 32 x 400 tokens", 1754.1, 0.05), ("tok/s, 1 x 400 tokens", 75.97, 0.005),
-    ("KV bytes per token", 819_200, 0), ("GB per 2,048-token sequence", 1.678, 0.0005),
-    ("sequences reserving 2,048", 27, 0), ("sequences paged at 400", 140, 0),
-    ("KV GB read, 27 x 2,048 tokens", 45.30, 0.005), ("tok/s, 27 x 2,048 tokens", 757.4, 0.05),
+# Each figure as the article prints it: the calculator's value, rounded to the article's digits, must print the same.
+@pytest.mark.parametrize("figure, printed", [
+    ("weights GB (16-bit)", "26"), ("weights GB (8-bit)", "13"),
+    ("tok/s, 1 request (weights only)", "76.9"), ("tok/s, 32 requests (weights only)", "2,461.5"),
+    ("KV GB read, 32 x 400 tokens", "10.49"), ("step cost vs 1 request", "1.4"),
+    ("tok/s, 32 x 400 tokens", "1,754.1"), ("tok/s, 1 x 400 tokens", "75.97"),
+    ("KV bytes per token", "819,200"), ("GB per 2,048-token sequence", "1.678"),
+    ("sequences reserving 2,048", "27"), ("sequences paged at 400", "140"),
+    ("KV GB read, 27 x 2,048 tokens", "45.30"), ("tok/s, 27 x 2,048 tokens", "757.4"),
 ])
-def test_article_figures(article, figure, expected, tol):
-    assert article[figure] == pytest.approx(expected, abs=tol)
+def test_article_figures(article, figure, printed):
+    digits = len(printed.partition(".")[2])
+    assert f"{article[figure]:,.{digits}f}" == printed
+
+
+def test_article_inputs_follow_from_its_text():
+    a = roofline.Article()
+    assert roofline.kv_bytes_per_token(a.layers, a.kv_heads, a.head_dim, 2) == 800 * 1024  # "(800 KiB)"
+    # "On an 80 GB GPU with 90% usable, 46 GB is left for cache after the weights" (26 GB at 16 bits).
+    assert a.cache_budget == pytest.approx(80 * 0.9 * roofline.GB - roofline.weight_bytes(a.params, 16))
 
 
 def test_edge_example():
     f = roofline.edge_figures()
-    assert [f[f"weights GB ({b}-bit)"] for b in (16, 8, 4)] == [6, 3, 1.5]
-    assert f["ms per token (8-bit)"] == pytest.approx(30) and f["ms per token (4-bit)"] == pytest.approx(15)
+    assert [f"{f[f'weights GB ({b}-bit)']:g}" for b in (16, 8, 4)] == ["6", "3", "1.5"]
+    assert (f"{f['ms per token (8-bit)']:.0f}", f"{f['ms per token (4-bit)']:.0f}") == ("30", "15")
 
 
 def test_paging_rounds_up_to_whole_blocks():
@@ -41,6 +50,32 @@ def test_smollm2_bytes_per_token_matches_the_model_config(real_folder):
         c.kv_bytes_per_token(2) == 23_040
 
 
-def test_measurements_are_positive_and_finite():
+class FakeClock:
+    """time.perf_counter that advances by the given durations, one per reading after the first of each pair."""
+
+    def __init__(self, durations):
+        self.now, self.durations, self.readings = 0.0, list(durations), 0
+
+    def __call__(self):
+        self.readings += 1
+        if self.readings % 2 == 0:
+            self.now += self.durations.pop(0)
+        return self.now
+
+
+def test_bandwidth_is_bytes_read_and_written_over_the_best_copy(monkeypatch):
+    monkeypatch.setattr(roofline.time, "perf_counter", FakeClock([0.004, 0.002, 0.003]))
+    mb = 16
+    assert roofline.measure_bandwidth(mb=mb, repeats=3) == pytest.approx(2 * mb * 2**20 / 0.002)
+
+
+def test_matmul_rate_is_two_flops_per_multiply_add(monkeypatch):
+    ticks = iter([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.8])  # start; four checks under 0.5 s, so four products; end
+    monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(ticks))
+    n = 64
+    assert roofline.measure_matmul_flops(n=n) == pytest.approx(2 * n**3 * 4 / 0.8)
+
+
+def test_measurements_on_this_machine_are_plausible():
     assert 1e8 < roofline.measure_bandwidth(mb=16, repeats=2) < 1e13
     assert 1e8 < roofline.measure_matmul_flops(n=256) < 1e16

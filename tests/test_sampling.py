@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from common.sampling import SamplingParams, greedy_tokens, make_generator, sample
+from common.sampling import SamplingParams, greedy_tokens, make_generator, sample, sample_batch
 
 
 @pytest.mark.parametrize("kwargs,field", [
@@ -48,3 +48,75 @@ def test_greedy_tokens_equal_argmax_with_ties(vocab):
     logits[3, [1023 % vocab, min(1024, vocab - 1)]] = top  # a tie across a chunk boundary
     logits[4] = 0.0  # every entry tied
     assert greedy_tokens(logits) == logits.argmax(-1).tolist()
+
+
+# Exact ties, under vLLM's rule (`apply_top_k_top_p` in vllm/v1/sample/ops/topk_topp_sampler.py):
+# * top-k keeps every token whose logit is >= the k-th largest, so tokens tied with the k-th are all kept;
+# * top-p sorts ascending and drops each token whose cumulative probability (itself and every smaller one) is
+#   <= 1 - top_p, always keeping the largest; in descending order: a token is dropped exactly when the tokens
+#   ranked before it already hold top_p of the mass, so the kept set is the shortest head that reaches top_p.
+# Equal logits give exact probabilities (1/n) in float32, so these cases sit exactly on the boundary.
+def support(logits, params, draws=400):
+    g = torch.Generator().manual_seed(0)
+    return {sample(logits, params, g) for _ in range(draws)}
+
+
+@pytest.mark.parametrize("top_k, kept", [
+    (1, {0}), (2, {0, 1, 2}), (3, {0, 1, 2}),  # k=2 ends inside the tie at 2.0: both tied tokens stay
+    (4, {0, 1, 2, 3, 4, 5}), (6, {0, 1, 2, 3, 4, 5}), (7, {0, 1, 2, 3, 4, 5, 6}),
+])
+def test_top_k_keeps_every_token_tied_with_the_kth(top_k, kept):
+    logits = torch.tensor([3.0, 2.0, 2.0, 1.0, 1.0, 1.0, -1.0]) * 0.01  # nearly flat: every kept token gets drawn
+    assert support(logits, SamplingParams(temperature=1.0, top_k=top_k)) == kept
+
+
+@pytest.mark.parametrize("n, top_p, kept", [
+    (4, 0.25, 1), (4, 0.5, 2), (4, 0.75, 3), (4, 1.0, 4),  # the head reaches top_p exactly: nothing more is kept
+    (4, 0.2499, 1), (4, 0.5001, 3), (8, 0.375, 3), (8, 0.5, 4), (8, 0.3751, 4),
+])
+def test_top_p_at_an_exact_tie_keeps_the_shortest_head_that_reaches_it(n, top_p, kept):
+    logits = torch.zeros(n)  # probability exactly 1/n each
+    got = support(logits, SamplingParams(temperature=1.0, top_p=top_p))
+    assert len(got) == kept and got <= set(range(n))
+
+
+def test_top_k_then_top_p_on_what_top_k_kept():
+    # top-k=4 keeps four equal tokens (1/4 each after renormalising); top-p=0.5 then keeps two of them.
+    logits = torch.tensor([0.0, 0.0, 0.0, 0.0, -5.0, -5.0])
+    got = support(logits, SamplingParams(temperature=1.0, top_k=4, top_p=0.5))
+    assert len(got) == 2 and got <= {0, 1, 2, 3}
+
+
+def test_each_request_draws_from_its_own_seeded_stream():
+    """Two rows with the same seed in one batch draw exactly what each draws alone; a shared generator would not."""
+    logits = torch.zeros(3, 50)
+    params = [SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=1.0, seed=5),
+              SamplingParams(temperature=1.0, seed=6)]
+    cpu = torch.device("cpu")
+    gens = [make_generator(p, cpu) for p in params]
+    batched = [sample_batch(logits, params, gens) for _ in range(20)]
+    alone = [[sample(logits[0], params[i], g) for g in [make_generator(params[i], cpu)] for _ in range(20)]
+             for i in range(3)]
+    assert [row[0] for row in batched] == [row[1] for row in batched] == alone[0] == alone[1]
+    assert [row[2] for row in batched] == alone[2] != alone[0]
+
+
+def test_temperature_divides_the_logits():
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.1]))
+    for t in (0.5, 2.0):
+        p = SamplingParams(temperature=t, seed=11)
+        g = make_generator(p, torch.device("cpu"))
+        freq = torch.bincount(torch.tensor([sample(logits, p, g) for _ in range(4000)]), minlength=3).float() / 4000
+        torch.testing.assert_close(freq, torch.softmax(logits / t, -1), atol=0.03, rtol=0)
+
+
+def test_top_k_zero_or_minus_one_keeps_every_token():
+    logits = torch.zeros(6)
+    for k in (0, -1):
+        assert support(logits, SamplingParams(temperature=1.0, top_k=k)) == set(range(6))
+
+
+def test_greedy_rows_of_a_batch_take_their_own_argmax():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 0.0], [2.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 5.0]])
+    params = [SamplingParams(temperature=0)] * 3
+    assert sample_batch(logits, params, [None] * 3) == [1, 0, 3]

@@ -41,6 +41,30 @@ def test_completions_streamed_equals_non_streamed_equals_reference(tiny_server, 
     assert full.choices[0].finish_reason == expected.finish_reason
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("sampling, ending", [
+    ({"temperature": 0, "max_tokens": 20, "ignore_eos": True}, "length"),
+    ({"temperature": 1.0, "seed": 63, "max_tokens": 40}, "stop"),  # ends with EOS at token 7 (found by search)
+])
+def test_stop_strings_that_never_match_lose_no_text(tiny_server, tiny_ref, sampling, ending, stream):
+    """A request with stop strings that ends by length or EOS returns all its text: the tail held back while it
+    ran (it might have grown into a stop string) is flushed at the end."""
+    prompt = [40, 41, 42]
+    expected = tiny_ref.generate([prompt], SamplingParams(**sampling))[0]
+    assert expected.finish_reason == ending and len(expected.text) >= 4
+    body = {"model": "tiny", "prompt": [prompt], "stop": ["qzqz", "#x"], "stream": stream, **sampling}
+    with httpx.Client(timeout=30) as http:
+        if stream:
+            events = [json.loads(line[6:]) for line in http.post(tiny_server.url + "/v1/completions", json=body)
+                      .text.splitlines() if line.startswith("data: {")]
+            text = "".join(e["choices"][0]["text"] for e in events)
+            finish = events[-1]["choices"][0]["finish_reason"]
+        else:
+            choice = http.post(tiny_server.url + "/v1/completions", json=body).json()["choices"][0]
+            text, finish = choice["text"], choice["finish_reason"]
+    assert (text, finish) == (expected.text, ending)
+
+
 def test_chat_on_the_real_model():
     with Server(streaming.LLM("smollm2-135m", max_num_seqs=2), "smollm2-135m") as s:
         c = client(s)
@@ -77,7 +101,11 @@ def test_32_concurrent_streaming_clients(tiny_server, tiny_ref):
     assert wait_until(lambda: tiny_server.llm.block_manager.num_used_blocks == 0)
 
 
-def test_client_disconnect_frees_blocks(tiny_server):
+def test_client_disconnect_aborts_the_request(tiny_server):
+    """The abort itself is checked (its finish reason, counted), not only blocks freed: a request that simply ran
+    to its end would free them too."""
+    llm = tiny_server.llm
+    finished, tokens = dict(llm.metrics.finished), llm.metrics.output_tokens
     body = {"model": "tiny", "prompt": [[8, 9, 10] * 10], "max_tokens": 500, "temperature": 0, "ignore_eos": True,
             "stream": True}
     with httpx.Client(timeout=30) as http:
@@ -86,10 +114,59 @@ def test_client_disconnect_frees_blocks(tiny_server):
             for line in lines:
                 if line.startswith("data: {"):  # the first token exists: the request is running
                     break
-            assert tiny_server.llm.block_manager.num_used_blocks > 0
+            assert llm.block_manager.num_used_blocks > 0
     # the connection is closed: the request must be aborted at the next step
-    assert wait_until(lambda: tiny_server.llm.block_manager.num_used_blocks == 0
-                      and not tiny_server.llm.scheduler.running)
+    assert wait_until(lambda: sum(llm.metrics.finished.values()) > sum(finished.values()))
+    assert llm.metrics.finished.get("abort", 0) == finished.get("abort", 0) + 1
+    assert llm.metrics.finished.get("length", 0) == finished.get("length", 0)
+    assert llm.metrics.output_tokens - tokens < 500  # it stopped early
+    assert wait_until(lambda: llm.block_manager.num_used_blocks == 0 and not llm.scheduler.running)
+    with httpx.Client(timeout=30) as http:
+        values = metric_values(http.get(tiny_server.url + "/metrics").text)
+    assert values['stepwise_requests_finished_total{finish_reason="abort"}'] == finished.get("abort", 0) + 1
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value}."""
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] not in "#"}
+
+
+# Every OpenAI field the server accepts, the value a client sends, and what SamplingParams must then hold.
+FIELDS = [
+    ("max_tokens", 5, {"max_tokens": 5}),
+    ("temperature", 0.55, {"temperature": 0.55}),
+    ("top_p", 0.8, {"top_p": 0.8}),
+    ("top_k", 13, {"top_k": 13}),
+    ("seed", 1234, {"seed": 1234}),
+    ("stop", "zq", {"stop": ["zq"]}),
+    ("stop", ["zq", "jx"], {"stop": ["zq", "jx"]}),
+    ("stop_token_ids", [5, 6], {"stop_token_ids": [5, 6]}),
+    ("ignore_eos", True, {"ignore_eos": True}),
+]
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
+@pytest.mark.parametrize("field, value, expected", FIELDS + [("max_completion_tokens", 4, {"max_tokens": 4})],
+                         ids=lambda v: str(v))
+def test_every_accepted_field_reaches_sampling_params(tiny_server, monkeypatch, endpoint, field, value, expected):
+    if field == "max_completion_tokens" and endpoint == "completions":
+        pytest.skip("max_completion_tokens is a chat field")
+    llm, received = tiny_server.llm, []
+    add_request = llm.add_request  # the server's single entry point into the engine
+
+    def spy(prompt, params=None, **kw):
+        received.append(params)
+        return add_request(prompt, params, **kw)
+
+    monkeypatch.setattr(llm, "add_request", spy)
+    body = {"model": "tiny", "max_tokens": 3, field: value}
+    body.update({"prompt": [[5, 6, 7]]} if endpoint == "completions" else {"messages": [{"role": "user",
+                                                                                       "content": "hi"}]})
+    with httpx.Client(timeout=30) as http:
+        r = http.post(f"{tiny_server.url}/v1/{endpoint}", json=body)
+    assert r.status_code == 200, r.text
+    base = {"max_tokens": 3 if field not in ("max_tokens", "max_completion_tokens") else value}
+    assert received == [SamplingParams(**{**base, **expected})]
 
 
 BAD = [
@@ -139,14 +216,70 @@ def test_models_health_and_metrics(tiny_server):
         assert [m["id"] for m in http.get(tiny_server.url + "/v1/models").json()["data"]] == ["tiny"]
         http.post(tiny_server.url + "/v1/completions", json={"model": "tiny", "prompt": [[3, 4]], "max_tokens": 5})
         text = http.get(tiny_server.url + "/metrics").text
-    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+    values = metric_values(text)
     llm = tiny_server.llm
     assert values["stepwise_kv_blocks_used"] + values["stepwise_kv_blocks_free"] == llm.block_manager.num_blocks
-    for name in ["stepwise_requests_waiting", "stepwise_requests_running", "stepwise_prefix_cache_hit_rate"]:
-        assert name in values
     count = values["stepwise_time_to_first_token_seconds_count"]
     assert count >= 1 and values['stepwise_time_to_first_token_seconds_bucket{le="+Inf"}'] == count
     assert "# TYPE stepwise_inter_token_latency_seconds histogram" in text
+
+
+def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
+    """Three requests, two slots: the engine is held after a step with two running and one waiting, and every
+    gauge is checked against what that state must give (block counts from the token counts)."""
+    llm = streaming.LLM("tiny", max_num_seqs=2, block_size=16)
+    held, release, step = threading.Event(), threading.Event(), llm.step
+
+    def step_then_hold():
+        batch = step()
+        s = llm.scheduler
+        if not held.is_set() and len(s.running) == 2 and len(s.waiting) == 1 and all(q.output_token_ids
+                                                                                    for q in s.running):
+            held.set()
+            release.wait(60)
+        return batch
+
+    llm.step = step_then_hold
+    prompts = [list(range(start, start + n)) for start, n in ((100, 20), (300, 35), (500, 50))]  # nothing shared
+    # Long enough that the third request arrives while the first two still run, however slowly clients start.
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=120, ignore_eos=True)
+    texts = [None] * 3
+
+    def one(i):
+        texts[i] = "".join(ch.choices[0].text for ch in client(s).completions.create(
+            model="tiny", prompt=[prompts[i]], max_tokens=120, temperature=0.8, seed=3, stream=True,
+            extra_body={"ignore_eos": True}))
+
+    with Server(llm, "tiny") as s, httpx.Client(timeout=30) as http:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            assert held.wait(60)
+            values = metric_values(http.get(s.url + "/metrics").text)
+            running = list(llm.scheduler.running)
+            # A running sequence holds blocks for every token but the last sampled one (not yet fed).
+            used = sum(-(-(len(q) - 1) // 16) for q in running)
+        finally:
+            release.set()
+        for t in threads:
+            t.join(60)
+        pool = llm.block_manager.num_blocks
+        assert (values["stepwise_requests_running"], values["stepwise_requests_waiting"]) == (2, 1)
+        assert values["stepwise_kv_blocks_used"] == used > 0
+        assert values["stepwise_kv_blocks_free"] == pool - used
+        assert values["stepwise_kv_cache_usage_ratio"] == pytest.approx(used / pool)
+        assert values["stepwise_prefix_cache_hit_rate"] == 0 and values["stepwise_preemptions"] == 0
+        assert not any(k.startswith("stepwise_requests_finished_total") for k in values)
+        assert texts == [o.text for o in tiny_ref.generate(prompts, params)]
+        assert wait_until(lambda: llm.block_manager.num_used_blocks == 0)
+        after = metric_values(http.get(s.url + "/metrics").text)
+    assert (after["stepwise_requests_running"], after["stepwise_requests_waiting"]) == (0, 0)
+    assert (after["stepwise_kv_blocks_used"], after["stepwise_kv_blocks_free"]) == (0, pool)
+    assert after['stepwise_requests_finished_total{finish_reason="length"}'] == 3
+    assert after["stepwise_output_tokens_total"] == 3 * 120
+    assert after["stepwise_time_to_first_token_seconds_count"] == 3
+    assert after["stepwise_inter_token_latency_seconds_count"] == 3 * 119
 
 
 def test_full_queue_gets_503():

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import TINY_VOCAB, sampling_params
+from workloads import TINY_VOCAB, checked_steps, examples, sampling_params
 
 paged = importlib.import_module("stages.03_paged_kv")
 TINY_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2  # layers x KV heads x head size x bf16, keys and values
@@ -33,7 +33,7 @@ def shared_prefix_workloads(draw, max_requests=8):
     return prompts, [draw(sampling_params()) for _ in range(n)]
 
 
-@settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(35), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=shared_prefix_workloads(), block_size=st.sampled_from([1, 4, 16]),
        spare_blocks=st.integers(0, 30), max_num_seqs=st.integers(1, 6), token_budget=st.integers(0, 64),
        prefix_caching=st.booleans())
@@ -46,14 +46,18 @@ def test_same_tokens_as_reference(reference, workload, block_size, spare_blocks,
                     TINY_BYTES_PER_TOKEN, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_seqs + token_budget, enable_prefix_caching=prefix_caching)
     expected = reference.generate(prompts, params)
-    got = llm.generate(prompts, params)
+    with checked_steps() as violations:
+        got = llm.generate(prompts, params)
+    assert not violations, violations[:3]
     for e, g in zip(expected, got):
         assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)
     bm = llm.block_manager
     assert bm.num_free_blocks == bm.num_blocks  # every block back in the pool
     assert all(b.ref_count == 0 for b in bm.blocks)
     # Run again on the warm cache: prefix hits must not change a token either.
-    again = llm.generate(prompts, params)
+    with checked_steps() as violations:
+        again = llm.generate(prompts, params)
+    assert not violations, violations[:3]
     assert [g.token_ids for g in again] == [e.token_ids for e in expected]
     assert bm.num_free_blocks == bm.num_blocks
 
@@ -186,3 +190,25 @@ def test_real_model_shared_system_prompt():
     assert shared > 30  # the system prompt
     assert llm.stats.prefix_hit_tokens == 2 * (shared // 8 * 8)  # the later two reuse its full blocks
     assert [g.token_ids for g in got] == [e.token_ids for e in ref.generate(prompts, params)]
+
+
+def test_an_engine_error_mid_run_leaks_no_blocks(reference):
+    """A step that raises ends `generate` with the error, but every block goes back: the next call runs normally."""
+    llm = paged.LLM("tiny", block_size=4, max_num_seqs=3)
+    prompts, params = [[5 + i] * 9 for i in range(3)], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    run, calls = llm.runner.run, []
+
+    def fails_on_the_third_step(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("device lost")
+        return run(*args)
+
+    llm.runner.run = fails_on_the_third_step
+    with pytest.raises(RuntimeError, match="device lost"):
+        llm.generate(prompts, params)
+    bm = llm.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and all(b.ref_count == 0 for b in bm.blocks)
+    llm.runner.run = run
+    assert [g.token_ids for g in llm.generate(prompts, params)] == \
+        [e.token_ids for e in reference.generate(prompts, params)]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import workloads
+from workloads import checked_steps, workloads
 
 kernels = importlib.import_module("stages.04_kernels")
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ def reference():
     return ReferenceLLM("tiny", dtype="bfloat16")
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(), max_num_seqs=st.integers(1, 6), kv_blocks=st.integers(0, 20))
 def test_same_tokens_as_reference_on_cpu(reference, workload, max_num_seqs, kv_blocks):
     prompts, params = workload
@@ -28,7 +28,10 @@ def test_same_tokens_as_reference_on_cpu(reference, workload, max_num_seqs, kv_b
     llm = kernels.LLM("tiny", max_num_seqs=max_num_seqs, kv_cache_memory=(need + kv_blocks) * 16 * 512,
                       max_num_batched_tokens=max_num_seqs + 32)
     assert "fused CPU kernels" in llm.execution_path
-    got, expected = llm.generate(prompts, params), reference.generate(prompts, params)
+    with checked_steps() as violations:
+        got = llm.generate(prompts, params)
+    assert not violations, violations[:3]
+    expected = reference.generate(prompts, params)
     assert [(g.token_ids, g.finish_reason) for g in got] == [(e.token_ids, e.finish_reason) for e in expected]
 
 

@@ -2,12 +2,13 @@
 import importlib
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import wait_until, workloads
+from workloads import examples, wait_until, workloads
 
 streaming = importlib.import_module("stages.05_streaming")
 
@@ -25,15 +26,18 @@ def engine():
 
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(max_requests=4, max_prompt=60), data=st.data())
 def test_stream_equals_generate_equals_reference(reference, engine, workload, data):
     prompts, params = workload
-    for p, prompt in zip(params, prompts):  # a stop string taken from the text the request will produce
+    for p, prompt in zip(params, prompts):
         text = reference.generate([prompt], p)[0].text
-        if text.strip() and data.draw(st.booleans()):
+        kind = data.draw(st.sampled_from(["none", "in the text", "absent"]))
+        if kind == "in the text" and text.strip():  # taken from the text the request will produce: ends with "stop"
             i = data.draw(st.integers(0, len(text) - 1))
             p.stop = [text[i:i + data.draw(st.integers(1, 4))]]
+        elif kind == "absent":  # never matches: the request ends by length or EOS, with its held-back tail flushed
+            p.stop = [data.draw(st.text("qzjx#", min_size=2, max_size=5).filter(lambda s: s not in text))]
     expected = reference.generate(prompts, params)
     results = [None] * len(prompts)
 
@@ -74,6 +78,27 @@ def test_stop_string_spanning_tokens_is_not_emitted(reference, engine):
     assert chunks[-1].finish_reason == "stop" and stop not in text
 
 
+@pytest.mark.parametrize("params, ending", [
+    (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), "length"),
+    (SamplingParams(temperature=1.0, seed=63, max_tokens=40), "eos"),  # seed found by search: EOS at token 7
+])
+def test_stop_strings_that_never_match_hold_nothing_back_at_the_end(reference, engine, params, ending):
+    """While a request runs, the tail that could still grow into a stop string is held back; a request that ends
+    by length or EOS must flush it, streamed or not."""
+    prompt = [40, 41, 42]
+    full = reference.generate([prompt], params)[0]  # no stop strings: nothing is held back
+    assert full.finish_reason == ("length" if ending == "length" else "stop") and len(full.text) >= 4
+    assert ending == "length" or full.token_ids[-1] == reference.config.eos_token_id
+    params = replace(params, stop=["qzqz", "#x"])  # holds back the last 3 characters while running
+    assert not any(s in full.text for s in params.stop)
+    chunks = list(engine.stream(prompt, params))
+    assert "".join(c.text for c in chunks) == full.text
+    assert [t for c in chunks for t in c.token_ids] == full.token_ids
+    assert chunks[-1].finish_reason == full.finish_reason
+    assert [(o.text, o.token_ids, o.finish_reason) for o in engine.generate([prompt], params)] == \
+        [(full.text, full.token_ids, full.finish_reason)]
+
+
 def test_utf8_and_leading_spaces_survive_streaming():
     llm = streaming.LLM("smollm2-135m", max_num_seqs=2)
     try:
@@ -95,6 +120,7 @@ def test_utf8_and_leading_spaces_survive_streaming():
 def test_a_reader_that_stops_aborts_its_request_and_frees_its_blocks(reference, engine):
     long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
     other_params = SamplingParams(temperature=0, max_tokens=25, ignore_eos=True)
+    finished = dict(engine.metrics.finished)
     other = engine.add_request([9, 8, 7], other_params)
     it = engine.stream([5] * 40, long)
     got = [next(it) for _ in range(3)]
@@ -107,11 +133,35 @@ def test_a_reader_that_stops_aborts_its_request_and_frees_its_blocks(reference, 
     assert not aborted.block_table and engine.metrics.finished.get("abort", 0) == aborts_before + 1
     other_chunks = list(other)  # reading the other request steps the engine on
     assert [t for c in other_chunks for t in c.token_ids] == reference.generate([[9, 8, 7]], other_params)[0].token_ids
-    assert engine.block_manager.num_used_blocks == 0
+    # The long request was aborted (not run to its 400 tokens); the other ran to its length; every block is back.
+    assert engine.metrics.finished.get("abort", 0) == finished.get("abort", 0) + 1
+    assert engine.metrics.finished.get("length", 0) == finished.get("length", 0) + 1
+    assert not engine.scheduler.running and engine.block_manager.num_used_blocks == 0
 
 
-def test_latency_metrics(engine):
-    chunks = list(engine.stream([3, 4, 5], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)))
+def test_a_request_aborted_while_queued_never_runs(reference):
+    llm = streaming.LLM("tiny", max_num_seqs=1)
+    try:
+        long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        first = llm.add_request([9, 8, 7], long)
+        queued = llm.add_request([5, 6], SamplingParams(temperature=0, max_tokens=5))
+        llm.run_step()  # the first runs; the second waits for the only slot
+        assert llm.scheduler.running and len(llm.scheduler.waiting) == 1
+        llm.abort(queued.request_id)  # the client gives up while its request waits for a slot
+        llm.run_step()
+        assert queued.done.is_set()
+        chunks = list(queued)
+        assert chunks[-1].finish_reason == "abort" and not any(c.token_ids for c in chunks)
+        assert [t for c in first for t in c.token_ids] == reference.generate([[9, 8, 7]], long)[0].token_ids
+        assert llm.metrics.finished == {"abort": 1, "length": 1}
+    finally:
+        llm.shutdown()
+
+
+def test_latency_metrics(reference, engine):
+    params = SamplingParams(temperature=0.9, seed=1, max_tokens=12, ignore_eos=True)
+    chunks = list(engine.stream([3, 4, 5], params))
+    assert [t for c in chunks for t in c.token_ids] == reference.generate([[3, 4, 5]], params)[0].token_ids
     m = chunks[-1].metrics
     assert len(m.token_times) == 12
     assert 0 < m.time_to_first_token <= m.e2e_latency
@@ -138,13 +188,14 @@ def test_requests_join_while_others_run(reference, engine):
     assert outputs == [e.token_ids for e in reference.generate(prompts, params)]
 
 
-def test_bad_request_fails_alone_at_submission(engine):
+def test_bad_request_fails_alone_at_submission(reference, engine):
     with pytest.raises(ValueError, match="temperature"):
         engine.add_request([5, 6], {"temperature": -2})
     with pytest.raises(ValueError, match="max_model_len"):
         engine.add_request([5] * 5000, SamplingParams())
-    chunks = list(engine.stream([5, 6], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)))
-    assert sum(len(c.token_ids) for c in chunks) == 3
+    params = SamplingParams(temperature=1.0, seed=2, max_tokens=3, ignore_eos=True)
+    chunks = list(engine.stream([5, 6], params))
+    assert [t for c in chunks for t in c.token_ids] == reference.generate([[5, 6]], params)[0].token_ids
 
 
 def test_concurrent_readers_step_the_engine_one_at_a_time(reference):
@@ -196,3 +247,16 @@ def test_concurrent_async_first_requests_start_one_background_loop(reference):
     assert llm.loops_started == 1
     assert outputs == [e.token_ids for e in reference.generate([[20 + i, 7] for i in range(8)], params)]
     llm.shutdown()
+
+
+def test_shutdown_waits_for_the_loop_and_a_later_request_starts_a_new_one(reference):
+    llm = streaming.LLM("tiny", max_num_seqs=2)
+    params = SamplingParams(temperature=0.7, seed=4, max_tokens=8, ignore_eos=True)
+    expected = reference.generate([[4, 5]], params)[0].token_ids
+    for loop in (1, 2):
+        llm.start_background_loop()  # what a server's async readers get; nobody else steps here
+        stream = llm.add_request([4, 5], params)
+        assert stream.done.wait(30) and [t for c in stream for t in c.token_ids] == expected
+        thread = llm._thread
+        llm.shutdown()
+        assert not thread.is_alive() and llm.loops_started == loop

@@ -21,7 +21,7 @@ def reference():
 
 
 @pytest.mark.parametrize("stage", STAGES)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(), max_num_seqs=st.integers(1, 6))
 def test_same_tokens_as_reference(reference, stage, workload, max_num_seqs):
     prompts, params = workload

@@ -1,14 +1,21 @@
 """Hypothesis strategies for workloads, and small helpers, shared by the stage tests."""
 import importlib
+import os
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 from hypothesis import strategies as st
 
 from common import SamplingParams
 
 TINY_VOCAB = 1024
+
+
+def examples(n: int) -> int:
+    """A property test's hypothesis examples: ``n``, times $STEPWISE_EXAMPLES_SCALE (`make mutants` runs fewer)."""
+    return max(1, round(n * float(os.environ.get("STEPWISE_EXAMPLES_SCALE", "1"))))
 
 
 @st.composite
@@ -65,3 +72,34 @@ class Server:
         self.server.should_exit = True
         self.thread.join(10)
         self.llm.shutdown()
+
+
+@contextmanager
+def checked_steps():
+    """Check every step a paged scheduler (stages 03-05) plans while the block runs; yields the violations found.
+
+    A step feeds at most ``max_num_batched_tokens`` tokens and ``max_num_seqs`` sequences, each sequence once,
+    each at least one and at most its uncomputed tokens, into blocks already allocated for them. Stage 05 plans
+    in its engine thread, so violations are collected, not raised: the test asserts the list is empty."""
+    scheduler_class = importlib.import_module("stages.03_paged_kv").Scheduler
+    plan, violations = scheduler_class.schedule, []
+
+    def schedule(self):
+        seqs, lens = plan(self)
+        bs = self.block_manager.block_size
+        checks = {
+            "token budget": sum(lens) <= self.max_num_batched_tokens,
+            "sequence limit": len(seqs) <= self.max_num_seqs and len(self.running) <= self.max_num_seqs,
+            "each sequence once": len({s.seq_id for s in seqs}) == len(seqs) == len(lens),
+            "feeds 1..uncomputed tokens": all(1 <= n <= s.num_new_tokens for s, n in zip(seqs, lens)),
+            "blocks allocated": all(len(s.block_table) * bs >= s.num_cached_tokens + n for s, n in zip(seqs, lens)),
+        }
+        violations.extend(f"{name}: lens={lens}, budget={self.max_num_batched_tokens}"
+                          for name, ok in checks.items() if not ok)
+        return seqs, lens
+
+    scheduler_class.schedule = schedule
+    try:
+        yield violations
+    finally:
+        scheduler_class.schedule = plan

@@ -1,0 +1,91 @@
+"""Stage 03's scheduler step by step, without a model: each plan checked against the rules its docstring states
+(running sequences first, oldest first; newcomers with what budget is left; the newest preempted when blocks run
+out, back at the front of the queue; an abort takes a request out wherever it is)."""
+import importlib
+
+import torch
+
+from common import SamplingParams, Sequence
+
+paged = importlib.import_module("stages.03_paged_kv")
+
+
+def request(prompt_len: int, max_tokens: int = 50) -> Sequence:
+    return Sequence(list(range(10, 10 + prompt_len)), SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                     ignore_eos=True), 2, torch.device("cpu"))
+
+
+def scheduler(num_blocks: int, block_size: int, max_num_seqs: int = 4, budget: int = 512):
+    return paged.Scheduler(paged.BlockManager(num_blocks, block_size), max_num_seqs, budget,
+                           enable_prefix_caching=False)
+
+
+def step(s) -> list[tuple[Sequence, int]]:
+    """Plan a step, then do what the runner does: the fed tokens become cached, a completed one samples a token."""
+    seqs, lens = s.schedule()
+    for seq, n in zip(seqs, lens):
+        seq.num_cached_tokens += n
+        if seq.num_cached_tokens == len(seq):
+            seq.append_token(7)
+    s.postprocess(seqs)
+    return list(zip(seqs, lens))
+
+
+def test_running_first_then_newcomers_with_the_budget_left():
+    s = scheduler(64, 4, budget=10)
+    a, b, c = request(7), request(6), request(5)
+    for seq in (a, b, c):
+        s.add(seq)
+    assert step(s) == [(a, 7), (b, 3)]  # b's prompt is chunked: 3 of its 6 tokens fit
+    assert step(s) == [(a, 1), (b, 3), (c, 5)]  # a decodes, b finishes its prompt, c takes what is left
+    assert step(s) == [(a, 1), (b, 1), (c, 1)]
+    assert [len(x.output_token_ids) for x in (a, b, c)] == [3, 2, 2]
+
+
+def test_sequence_limit_holds_newcomers_back():
+    s = scheduler(64, 4, max_num_seqs=2)
+    a, b, c = request(3), request(3), request(3)
+    for seq in (a, b, c):
+        s.add(seq)
+    assert step(s) == [(a, 3), (b, 3)]
+    assert list(s.waiting) == [c] and s.running == [a, b]
+
+
+def test_the_newest_is_preempted_and_requeued_first_and_counted():
+    s = scheduler(4, 2)  # 8 token slots
+    a, b = request(3), request(3)
+    s.add(a), s.add(b)
+    assert step(s) == [(a, 3), (b, 3)]  # two blocks each: the pool is full
+    assert step(s) == [(a, 1), (b, 1)]  # position 3 still fits their second blocks
+    plan = step(s)  # a needs a third block: b (the newest) gives its blocks back
+    assert plan == [(a, 1)] and s.running == [a] and list(s.waiting) == [b]
+    assert b.status.value == "waiting" and b.block_table == [] and b.num_cached_tokens == 0
+    assert (b.num_preemptions, s.num_preemptions, s.block_manager.num_free_blocks) == (1, 1, 1)
+    c = request(1)
+    s.add(c)
+    assert list(s.waiting) == [b, c]  # the preempted request goes first when memory frees
+    a.params.max_tokens = len(a.output_token_ids) + 1  # a ends at the next step and frees its blocks
+    assert step(s) == [(a, 1)] and a.is_finished
+    assert step(s) == [(b, 5), (c, 1)]  # b recomputes its prompt and the 2 tokens it had sampled; c fits too
+    s.running.remove(b)
+    s.preempt(b)  # a second preemption of the same sequence counts again
+    assert (b.num_preemptions, s.num_preemptions, list(s.waiting)) == (2, 2, [b])
+    assert s.block_manager.num_free_blocks == 3
+
+
+def test_abort_takes_a_request_out_wherever_it_is():
+    s = scheduler(8, 4, max_num_seqs=1)
+    running, waiting = request(5), request(5)
+    s.add(running), s.add(waiting)
+    step(s)
+    assert s.running == [running] and list(s.waiting) == [waiting]
+    s.abort(waiting)  # still queued: it never held a block
+    assert not s.waiting and waiting.finish_reason == "abort" and s.block_manager.num_free_blocks == 6
+    s.abort(running)  # its blocks go back at once, not after one more step
+    assert not s.running and running.finish_reason == "abort" and s.block_manager.num_free_blocks == 8
+    assert not s.has_work() and step(s) == []
+    done = request(2, max_tokens=1)
+    s.add(done)
+    step(s)
+    s.abort(done)  # already finished: it keeps its reason
+    assert done.finish_reason == "length"
