@@ -8,11 +8,16 @@ import inspect
 from rich.console import Console
 
 from common import workloads
-from common.loader import parse_memory
+from common.loader import parse_memory, resolve_device
 from common.report import print_blocks, print_timeline, summary_row, summary_table
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
                "stages.03_paged_kv": "03 paged", "stages.04_kernels": "04 kernels", "stages.05_streaming": "05 streaming"}
+
+
+def device_arg(text: str) -> str:
+    """--device: 'auto' becomes the device it picks (CUDA when torch sees a GPU), so commands see a real one."""
+    return str(resolve_device(text))
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -21,7 +26,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"],
                     help="weight-only quantization (common/quant.py); computes in bfloat16")
-    ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
+    ap.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="most requests in flight (slots)")
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--workload", default="chat", choices=["chat", "random", "toy"])

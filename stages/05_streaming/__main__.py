@@ -7,6 +7,7 @@ import os
 
 from rich.console import Console
 
+from common.cli import device_arg
 from common.validate import InvalidParam
 
 from .engine import LLM
@@ -20,7 +21,7 @@ def main(argv=None) -> None:
     ap.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"], help="weight-only quantization")
-    ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
+    ap.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-num-seqs", type=int, default=16)

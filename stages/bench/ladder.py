@@ -21,7 +21,6 @@ from rich.table import Table
 
 from common import roofline, workloads
 from common.cli import STAGE_NAMES, parser
-from common.loader import resolve_device
 from common.paths import resolve_model, smollm2_gguf_path
 from common.reference import ReferenceLLM
 from common.report import format_value
@@ -47,7 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
-    args.device = str(resolve_device(args.device))  # "auto": CUDA when torch sees a GPU
     console = Console()
     torch.manual_seed(0)
     dtype = getattr(torch, args.dtype)
