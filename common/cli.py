@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 
 from rich.console import Console
 
 from common import workloads
-from common.loader import parse_memory, resolve_device
+from common.config import ModelConfig
+from common.loader import parse_dtype, parse_memory, resolve_device
+from common.paths import resolve_model
 from common.report import print_blocks, print_timeline, summary_row, summary_table
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
@@ -38,7 +39,11 @@ def parser(description: str) -> argparse.ArgumentParser:
                          "as many max_model_len slots as it holds")
     ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block (stage 03 on)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (stage 03 on)")
-    ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--no-prefix-caching", action="store_true", help="stage 03 on: recompute shared prompts")
+    ap.add_argument("--no-chunked-prefill", action="store_true", help="stage 03 on: a prompt waits for a step that "
+                    "holds all of it")
+    ap.add_argument("--no-preemption", action="store_true", help="stage 03 on: reserve every block a request may "
+                    "need when it is admitted")
     ap.add_argument("--no-batch-invariant", action="store_true",
                     help="plain torch math (faster; a request's tokens then depend on its batch)")
     ap.add_argument("--toy", action="store_true", help="the 8-request toy run, stages side by side")
@@ -51,21 +56,20 @@ def make_llm(module: str, args: argparse.Namespace):
     """Build a stage's LLM; the same KV budget becomes blocks (stage 03 on) or whole slots (01-02)."""
     cls = importlib.import_module(module).LLM
     kw = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              batch_invariant=not args.no_batch_invariant,
-              quantization=getattr(args, "quantization", None))
-    if "kv_cache_memory" in inspect.signature(cls.__init__).parameters:
-        kw.update(kv_cache_memory=args.kv_memory, block_size=args.block_size,
-                  max_num_batched_tokens=args.max_num_batched_tokens,
-                  enable_prefix_caching=not args.no_prefix_caching)
-        return cls(args.model, **kw)
-    llm = cls(args.model, **kw)
-    if args.kv_memory is not None:
-        budget = parse_memory(args.kv_memory, llm.device)
-        per_slot = llm.max_model_len * llm.config.kv_bytes_per_token(llm.dtype.itemsize)
+              batch_invariant=not args.no_batch_invariant, quantization=getattr(args, "quantization", None))
+    budget = parse_memory(args.kv_memory, resolve_device(args.device))
+    if getattr(cls.engine_class, "paged", False):
+        kw.update(kv_cache_memory_bytes=budget, block_size=args.block_size,
+                  max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
+                  enable_chunked_prefill=not args.no_chunked_prefill, enable_preemption=not args.no_preemption)
+    elif budget is not None:  # stages 01-02: as many max_model_len slots as the budget holds
+        config = ModelConfig.from_folder(resolve_model(args.model))
+        max_len = args.max_model_len or min(config.max_position_embeddings, 2048)
+        per_slot = max_len * config.kv_bytes_per_token(parse_dtype(args.dtype).itemsize)
         if budget < per_slot:
-            raise SystemExit(f"--kv-memory {args.kv_memory} holds no {llm.max_model_len}-token slot for {module}")
-        llm.max_num_seqs = min(llm.max_num_seqs, budget // per_slot)
-    return llm
+            raise SystemExit(f"--kv-memory {args.kv_memory} holds no {max_len}-token slot for {module}")
+        kw["max_num_seqs"] = min(args.max_num_seqs, budget // per_slot)
+    return cls(args.model, **kw)
 
 
 def run(stage_modules: list[str], args: argparse.Namespace, console: Console | None = None) -> dict:
@@ -88,9 +92,9 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
         if failed:
             console.print(f"[bold red]{name}: {len(failed)} of {len(outputs)} requests failed[/]: {failed[0].error}")
         rows[name] = summary_row(llm.stats, outputs, llm.max_num_seqs)
-        timelines[name] = llm.timeline
-        if hasattr(llm, "block_timeline"):
-            blocks[name] = (llm.block_timeline, llm.block_manager.num_blocks)
+        timelines[name] = list(llm.stats.timeline)
+        if llm.stats.block_timeline:
+            blocks[name] = (list(llm.stats.block_timeline), llm.engine.block_manager.num_blocks)
         if args.workload == "chat" and len(stage_modules) == 1:
             for o in outputs[:2]:
                 console.print(f"[bold green]{o.text[:200]!r}[/] ({o.finish_reason}{': ' + o.error if o.error else ''})")

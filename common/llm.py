@@ -1,75 +1,36 @@
-"""The `LLM` front end every stage shares: load, validate, tokenize, run, collect.
+"""The `LLM` front end every stage shares: load, validate, tokenize, run the engine, collect.
 
-A stage subclasses `BaseLLM` and implements `_run(seqs)`, its engine loop.
+A stage names its engine (``engine_class``); the engine is built from parts and its
+``step()`` reads schedule -> run -> postprocess. ``generate`` submits the requests and steps
+the engine until it has no work, and the statistics observe every step.
 """
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, fields
 from typing import Sequence as Seq
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.loader import load_model, parse_dtype, resolve_device
-from common.model import Llama
 from common.paths import DEFAULT_MODEL, resolve_model
 from common.sampling import SamplingParams
 from common.sequence import RequestMetrics, RequestOutput, Sequence
+from common.engine import StepResult
+from common.stats import EngineStats
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
 from common.validate import InvalidParam, check_int, check_text, clip
 
 Prompt = str | list[int]
 
 
-@dataclass
-class EngineStats:
-    """Counters an engine keeps across one `generate` call."""
-    steps: int = 0
-    slot_steps_used: int = 0  # a running request occupied the slot and produced a token
-    slot_steps_available: int = 0  # slots x steps
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    output_tokens: int = 0
-    wall_seconds: float = 0.0
-    kv_bytes_reserved: int = 0  # peak KV memory set aside
-    kv_bytes_used: int = 0  # peak KV memory holding real tokens
-    peak_running: int = 0  # most requests in flight at once
-    preemptions: int = 0  # requests evicted from the KV cache to be recomputed (stage 03 on)
-    prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache (stage 03 on)
-    prefix_query_tokens: int = 0  # prompt tokens looked up in it
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
-
-    @property
-    def slot_utilization(self) -> float:
-        return self.slot_steps_used / self.slot_steps_available if self.slot_steps_available else 0.0
-
-    @property
-    def kv_waste(self) -> float:
-        """Fraction of the reserved KV bytes that held no token (at the peak)."""
-        return 1 - self.kv_bytes_used / self.kv_bytes_reserved if self.kv_bytes_reserved else 0.0
-
-    @property
-    def output_tokens_per_s(self) -> float:
-        return self.output_tokens / self.wall_seconds if self.wall_seconds else 0.0
-
-    def as_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d.update(slot_utilization=self.slot_utilization, output_tokens_per_s=self.output_tokens_per_s,
-                 kv_waste=self.kv_waste, prefix_hit_rate=self.prefix_hit_rate)
-        return d
-
-
-class BaseLLM:
-    model_class = Llama  # stage 04 swaps in a model whose element-wise operations are fused kernels
+class LLM:
+    engine_class: type  # each stage's engine: built from (model, max_model_len, max_num_seqs, **engine_options)
 
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0,
-                 batch_invariant: bool = True, quantization: str | None = None):
+                 batch_invariant: bool = True, quantization: str | None = None, **engine_options):
         # Wrong types fail here, before the model loads, with the argument's name.
         if max_model_len is not None:
             check_int("max_model_len", max_model_len, 2)
@@ -85,8 +46,8 @@ class BaseLLM:
         # batch_invariant=False runs plain torch math (whole-batch matmuls, fused attention): faster, but a
         # request's tokens then depend on what it is batched with. For measuring what invariance costs.
         self.batch_invariant = batch_invariant
-        self.model = load_model(self.folder, self.dtype, self.device, self.model_class, batch_invariant=batch_invariant,
-                                quantization=quantization)
+        self.model = load_model(self.folder, self.dtype, self.device, self.engine_class.model_class,
+                                batch_invariant=batch_invariant, quantization=quantization)
         self.quantization = self.model.quantization  # None, 'int8' or 'int4' weights (common.quant)
         self.config = self.model.config
         self.tokenizer = Tokenizer(self.folder)
@@ -96,6 +57,8 @@ class BaseLLM:
         # The model allows 8,192 positions; 2,048 keeps a per-slot reservation (stage 02) affordable.
         self.max_model_len = max_model_len or min(limit, 2048)
         self.max_num_seqs = max_num_seqs
+        self.engine = self.engine_class(self.model, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+                                        **engine_options)
         self.stats = EngineStats()
         self.progress: Progress | None = None
         torch.manual_seed(seed)
@@ -124,6 +87,7 @@ class BaseLLM:
         seq = Sequence(ids, params, self.config.eos_token_id, self.device, prompt=text)
         seq.max_len = self.max_model_len
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.engine.check(seq)  # what this engine cannot run (a prompt larger than its KV pool, say)
         return seq
 
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params=None,
@@ -140,11 +104,11 @@ class BaseLLM:
         for i, seq in enumerate(seqs):
             seq.index = i  # arrival order, the label in timelines
         self.stats = EngineStats()
-        self.timeline: list[list[int | None]] = []  # per step: which request holds each slot
         start = time.perf_counter()
         with self._progress(progress, sum(s.params.max_tokens for s in seqs)):
             if seqs:
                 self._run(seqs)
+        self.progress = None
         self.stats.wall_seconds = time.perf_counter() - start
         self.stats.output_tokens = sum(len(s.output_token_ids) for s in seqs)
         return [self.to_output(s) if isinstance(s, Sequence) else s for s in slots]
@@ -170,18 +134,32 @@ class BaseLLM:
                              seq.output_text, seq.finish_reason, seq.metrics)
 
     # ---- engine -------------------------------------------------------------------------
+    @property
+    def timeline(self) -> list[list[int | None]]:
+        """Per step of the last `generate`: which request ran in each slot (None: idle)."""
+        return self.stats.timeline
+
     def _run(self, seqs: list[Sequence]) -> None:
-        raise NotImplementedError
+        """Submit every request, then step the engine until it has no work (stage 05 steps it through streams)."""
+        for seq in seqs:
+            self.engine.add(seq)
+        try:
+            while self.engine.has_work():
+                self.observe(self.engine.step())
+        finally:  # an exception must not leave requests holding KV memory into the next call
+            self.engine.release()
+
+    def observe(self, step: StepResult) -> None:
+        """What watches every step: the statistics and the progress bar."""
+        self.stats.observe(step, self.engine)
+        if self.progress is not None:
+            self.progress.advance(self._task, sum(t is not None for t in step.tokens))
 
     def _progress(self, enabled: bool, total: int):
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("tokens"), TimeElapsedColumn(), disable=not enabled, transient=True)
         self._task = self.progress.add_task(type(self).__module__.split(".")[-1], total=total)
         return self.progress
-
-    def _advance(self, tokens: int) -> None:
-        if self.progress is not None:
-            self.progress.advance(self._task, tokens)
 
 
 def error_output(prompt, message: str) -> RequestOutput:

@@ -76,10 +76,11 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
-def parse_memory(value: str | int | float | None, device: torch.device) -> int | None:
+def parse_memory(value: str | int | float | None, device: torch.device | str) -> int | None:
     """'96MiB', '2GB', 123456 (bytes), or a fraction in (0, 1] of free memory (CUDA) / available RAM."""
     if value is None or isinstance(value, int):
         return value
+    device = torch.device(device)
     text = str(value).strip().lower().replace(" ", "")
     match = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", text)
     if not match or match.group(2) not in UNITS:

@@ -5,30 +5,64 @@ Every stage must produce exactly these tokens for every request.
 from __future__ import annotations
 
 import time
+from collections import deque
 
+from common.engine import StepResult, advance
 from common.kv_cache import ContiguousKVCache
-from common.llm import BaseLLM
+from common.llm import LLM
+from common.model import Llama
 from common.runner import ModelRunner
 from common.sequence import Sequence, SequenceStatus
 
 
-class ReferenceLLM(BaseLLM):
-    def _run(self, seqs: list[Sequence]) -> None:
-        runner = ModelRunner(self.model)
-        for seq in seqs:
-            self.generate_one(seq, runner)
+class ReferenceEngine:
+    """Runs the oldest request alone until it ends, then the next: its own cache, prefill, then one token a step."""
+    model_class = Llama
 
-    def generate_one(self, seq: Sequence, runner: ModelRunner) -> None:
-        max_len = min(len(seq) + seq.params.max_tokens, self.max_model_len)
-        cache = ContiguousKVCache(self.config, 1, max_len, self.dtype, self.device, self.batch_invariant)
-        seq.status = SequenceStatus.RUNNING
-        seq.metrics.first_scheduled_time = time.perf_counter()
-        while not seq.is_finished:
-            new = seq.num_new_tokens  # the whole prompt first, then one token per step
-            cache.prepare([0], [new], [len(seq)])
-            first = seq.num_cached_tokens == 0
-            seq.append_token(runner.run([seq], [new], cache)[0])
-            self.stats.steps += 1
-            self.stats.prefill_tokens += new if first else 0
-            self.stats.decode_tokens += 0 if first else new
-            self._advance(1)
+    def __init__(self, model: Llama, *, max_model_len: int, max_num_seqs: int = 1):
+        self.model, self.max_model_len = model, max_model_len
+        self.runner = ModelRunner(model)
+        self.waiting: deque[Sequence] = deque()
+        self.current: Sequence | None = None
+        self.cache: ContiguousKVCache | None = None
+        self.num_slots = self.num_running = 1
+
+    def check(self, seq: Sequence) -> None:
+        pass  # anything the front end accepts fits a cache of its own
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return self.current is not None or bool(self.waiting)
+
+    def step(self) -> StepResult:
+        if self.current is None:  # schedule: the next request, in its own cache
+            seq = self.current = self.waiting.popleft()
+            seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, time.perf_counter()
+            max_len = min(len(seq) + seq.params.max_tokens, self.max_model_len)
+            self.cache = ContiguousKVCache(self.model.config, 1, max_len, self.model.dtype, self.model.device,
+                                           self.model.batch_invariant)
+        seq = self.current
+        n, start = seq.num_new_tokens, seq.num_cached_tokens  # the whole prompt first, then one token per step
+        self.cache.prepare([0], [n], [len(seq)])  # run
+        tokens = self.runner.run([seq], [n], self.cache)
+        if advance(seq, n, tokens[0]):  # postprocess
+            self.current = None
+        return StepResult([seq], [n], [start], tokens, slots=[0])
+
+    def release(self) -> None:
+        self.waiting.clear()
+        self.current = self.cache = None
+
+    def kv_bytes_reserved(self) -> int:
+        return self.cache.reserved_bytes if self.cache is not None else 0
+
+    def kv_bytes_used(self) -> int:
+        seq = self.current
+        per_token = self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
+        return (seq.num_cached_tokens if seq is not None else 0) * per_token
+
+
+class ReferenceLLM(LLM):
+    engine_class = ReferenceEngine

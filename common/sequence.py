@@ -64,6 +64,8 @@ class RequestOutput:
 
 
 class Sequence:
+    """A request as the engine sees it: its prompt, the tokens sampled so far, and how many are cached."""
+
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, eos_token_id: int,
                  device: torch.device, prompt: str | None = None):
         self.seq_id = next(_ids)
@@ -77,12 +79,10 @@ class Sequence:
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
         self.max_len: int | None = None  # the engine's max_model_len: a hard stop
-        self.index = 0  # position in its generate() call
+        self.index = 0  # position in its generate() call (the label in timelines)
         self.num_cached_tokens = 0  # tokens whose keys and values are in the KV cache
         self.output_text = ""  # detokenized as tokens arrive (when a detokenizer is attached)
         self.detokenizer = None  # common.tokenizer.IncrementalDetokenizer, attached by the LLM front end
-        self.block_table: list[int] = []  # paged KV (stage 03 on): the blocks holding those tokens
-        self.num_preemptions = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -105,43 +105,33 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def append_token(self, token_id: int) -> None:
-        """Record a sampled token and decide whether the request is done."""
+        """Record a sampled token, its time and its text."""
         now = time.perf_counter()
         self.output_token_ids.append(token_id)
         self.metrics.token_times.append(now)
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
-        p = self.params
         if self.detokenizer is not None:
             self.output_text += self.detokenizer.add(token_id)
-        if p.stop and self.detokenizer is not None and self._cut_at_stop_string():
-            self.finish("stop")
-        elif (token_id == self.eos_token_id and not p.ignore_eos) or token_id in p.stop_token_ids:
-            self.finish("stop")
-        elif len(self.output_token_ids) >= p.max_tokens or (self.max_len and len(self) >= self.max_len):
-            self.finish("length")
 
-    def _cut_at_stop_string(self) -> bool:
-        """End the text before the earliest stop string, if one is now complete (it may span tokens)."""
-        hits = [i for i in (self.output_text.find(s) for s in self.params.stop) if i >= 0]
-        if not hits:
-            return False
-        self.output_text = self.output_text[:min(hits)]
-        self.detokenizer = None  # nothing after the stop string is text
-        return True
-
-    @property
-    def stable_text_len(self) -> int:
-        """How much of ``output_text`` can be shown now: a tail that may still grow into a stop string is held."""
-        if self.is_finished or not self.params.stop:
-            return len(self.output_text)
-        return max(0, len(self.output_text) - max(len(s) for s in self.params.stop) + 1)
+    def stop_reason(self) -> str | None:
+        """Why the request is done after its last token ("stop" or "length"), or None if it goes on."""
+        p, token = self.params, self.output_token_ids[-1]
+        if p.stop and any(s in self.output_text for s in p.stop):  # a stop string may span tokens
+            return "stop"
+        if (token == self.eos_token_id and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if len(self.output_token_ids) >= p.max_tokens or (self.max_len and len(self) >= self.max_len):
+            return "length"
+        return None
 
     def finish(self, reason: str) -> None:
         if self.detokenizer is not None:
             self.output_text += self.detokenizer.flush()  # a character left incomplete at the end
-            if self.params.stop:
-                self._cut_at_stop_string()
+            self.detokenizer = None
+        hits = [i for i in (self.output_text.find(s) for s in self.params.stop) if i >= 0]
+        if hits:  # the text ends before the earliest stop string
+            self.output_text = self.output_text[:min(hits)]
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.metrics.finished_time = time.perf_counter()

@@ -1,4 +1,4 @@
 """Stage 01: static batching. A batch runs until its longest request ends."""
-from .engine import LLM, Scheduler
+from .engine import LLM, LLMEngine, Scheduler
 
-__all__ = ["LLM", "Scheduler"]
+__all__ = ["LLM", "LLMEngine", "Scheduler"]

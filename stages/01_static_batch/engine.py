@@ -1,85 +1,107 @@
 """Stage 01: static batching.
 
-Take up to ``max_num_seqs`` waiting requests in arrival order, prefill them
-together, then decode one token per request per step until the *longest* one
-ends. Requests that finish early keep their slot and sit idle: that waste is
-the lesson, and `EngineStats` counts it (slot utilization).
+Take up to ``max_num_seqs`` waiting requests in arrival order, prefill them together, then
+decode one token per request per step until the *longest* one ends. Requests that finish
+early keep their slot and sit idle: that waste is the lesson, and the statistics count it
+(slot utilization).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 
+from common.engine import StepResult, advance
 from common.kv_cache import ContiguousKVCache
-from common.llm import BaseLLM
+from common.llm import LLM as FrontEnd
+from common.model import Llama
 from common.runner import ModelRunner
 from common.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
-    """Hands out whole batches: the next batch starts only when the last one is done."""
+    """Hands out whole batches: the next batch starts only when every request of the last one is done."""
 
     def __init__(self, max_num_seqs: int):
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
+        self.batch: list[Sequence] = []  # the current batch; a request keeps its slot (its index) to the end
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def next_batch(self) -> list[Sequence]:
-        n = min(self.max_num_seqs, len(self.waiting))
-        return [self.waiting.popleft() for _ in range(n)]
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(not s.is_finished for s in self.batch)
+
+    def schedule(self) -> tuple[list[int], bool]:
+        """The slots to run this step (every unfinished request of the batch), and whether the batch is new."""
+        new = not any(not s.is_finished for s in self.batch)
+        if new:
+            self.batch = [self.waiting.popleft() for _ in range(min(self.max_num_seqs, len(self.waiting)))]
+            now = time.perf_counter()
+            for seq in self.batch:
+                seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, now
+        return [i for i, s in enumerate(self.batch) if not s.is_finished], new
+
+    def postprocess(self, seqs: list[Sequence], lens: list[int], tokens: list[int | None]) -> None:
+        """Record what the step computed and sampled; a finished request's slot stays taken until the batch ends."""
+        for seq, n, token in zip(seqs, lens, tokens):
+            advance(seq, n, token)
 
 
-class LLM(BaseLLM):
-    def _run(self, seqs: list[Sequence]) -> None:
-        scheduler = Scheduler(self.max_num_seqs)
-        for seq in seqs:
-            scheduler.add(seq)
-        runner = ModelRunner(self.model)
-        while batch := scheduler.next_batch():
-            self.run_batch(batch, runner)
+class LLMEngine:
+    model_class = Llama
 
-    def run_batch(self, batch: list[Sequence], runner: ModelRunner) -> None:
-        # One contiguous buffer, padded to the longest request the batch can grow to.
-        max_len = max(min(len(s) + s.params.max_tokens, self.max_model_len) for s in batch)
-        cache = ContiguousKVCache(self.config, len(batch), max_len, self.dtype, self.device, self.batch_invariant)
-        self.stats.kv_bytes_reserved = max(self.stats.kv_bytes_reserved, cache.reserved_bytes)
-        now = time.perf_counter()
-        for seq in batch:
-            seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, now
-        while True:
-            # schedule: every unfinished request of the batch, in its own slot
-            slots = [i for i, s in enumerate(batch) if not s.is_finished]
-            if not slots:
-                return
-            running = [batch[i] for i in slots]
-            lens = [s.num_new_tokens for s in running]  # the first step prefills every prompt
-            # run
-            cache.prepare(slots, lens, [len(s) for s in running])
-            tokens = runner.run(running, lens, cache)
-            # postprocess
-            for seq, token in zip(running, tokens):
-                seq.append_token(token)
-            self.record_step(batch, running, lens, cache)
+    def __init__(self, model: Llama, *, max_model_len: int, max_num_seqs: int):
+        self.model, self.max_model_len = model, max_model_len
+        self.runner = ModelRunner(model)
+        self.scheduler = Scheduler(max_num_seqs)
+        self.cache: ContiguousKVCache | None = None
+        self.ran: list[Sequence] = []  # the requests of the last step
 
-    def record_step(self, slot_seqs: list[Sequence | None], ran: list[Sequence], lens: list[int],
-                    cache: ContiguousKVCache) -> None:
-        """Count one step: ``slot_seqs`` is every slot's request (None when empty), ``ran`` those that ran."""
-        st = self.stats
-        st.steps += 1
-        st.slot_steps_available += len(slot_seqs)
-        st.slot_steps_used += len(ran)
-        st.peak_running = max(st.peak_running, len(ran))
-        for seq, n in zip(ran, lens):
-            start = len(seq) - 1 - n  # first position fed this step (a token was appended since)
-            prefill = max(0, min(n, seq.num_prompt_tokens - start))
-            st.prefill_tokens += prefill
-            st.decode_tokens += n - prefill
-        per_token = self.config.kv_bytes_per_token(cache.k.element_size())
-        held = sum(s.num_cached_tokens for s in slot_seqs if s is not None and not s.is_finished)
-        held += sum(s.num_cached_tokens for s in ran if s.is_finished)  # freed only after this step
-        st.kv_bytes_used = max(st.kv_bytes_used, held * per_token)
-        ran_ids = {s.seq_id for s in ran}
-        self.timeline.append([s.index if s is not None and s.seq_id in ran_ids else None for s in slot_seqs])
-        self._advance(len(ran))
+    def check(self, seq: Sequence) -> None:
+        pass
+
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> StepResult:
+        slots, new_batch = self.scheduler.schedule()
+        batch = self.scheduler.batch
+        if new_batch:  # one buffer for the batch, padded to the longest the batch's requests can grow to
+            max_len = max(min(len(s) + s.params.max_tokens, self.max_model_len) for s in batch)
+            self.cache = ContiguousKVCache(self.model.config, len(batch), max_len, self.model.dtype,
+                                           self.model.device, self.model.batch_invariant)
+        seqs = self.ran = [batch[i] for i in slots]
+        lens, starts = [s.num_new_tokens for s in seqs], [s.num_cached_tokens for s in seqs]
+        self.cache.prepare(slots, lens, [len(s) for s in seqs])
+        tokens = self.runner.run(seqs, lens, self.cache)
+        self.scheduler.postprocess(seqs, lens, tokens)
+        return StepResult(seqs, lens, starts, tokens, slots=slots)
+
+    def release(self) -> None:
+        self.scheduler.waiting.clear()
+        self.scheduler.batch, self.cache = [], None
+
+    # ---- gauges the statistics read after each step --------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return len(self.scheduler.batch)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.ran)
+
+    def kv_bytes_reserved(self) -> int:
+        return self.cache.reserved_bytes if self.cache is not None else 0
+
+    def kv_bytes_used(self) -> int:
+        """KV bytes holding the tokens of the requests that ran in the last step (idle slots are waste)."""
+        per_token = self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
+        return sum(s.num_cached_tokens for s in self.ran) * per_token
+
+
+class LLM(FrontEnd):
+    engine_class = LLMEngine

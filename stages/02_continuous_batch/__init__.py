@@ -1,4 +1,4 @@
 """Stage 02: continuous batching. A freed slot is refilled at every step."""
-from .engine import LLM, Scheduler
+from .engine import LLM, LLMEngine, Scheduler
 
-__all__ = ["LLM", "Scheduler"]
+__all__ = ["LLM", "LLMEngine", "Scheduler"]

@@ -1,21 +1,21 @@
 """Stage 02: continuous batching (iteration-level scheduling, Orca).
 
-Before every step, finished requests leave their slot and waiting requests
-take free slots; a newcomer is prefilled in the same step as the running
-requests' decodes. The KV cache reserves ``max_model_len`` positions per slot,
-used or not: the waste stage 03 removes.
+What changes from stage 01: the scheduler. A finished request leaves its slot at once, and
+before every step waiting requests take the free slots; a newcomer is prefilled in the same
+step as the running requests' decodes. The KV cache still reserves ``max_model_len``
+positions per slot, used or not: the waste stage 03 removes.
 """
 from __future__ import annotations
 
-import importlib
 import time
 from collections import deque
 
+from common.engine import StepResult, advance
 from common.kv_cache import ContiguousKVCache
+from common.llm import LLM as FrontEnd
+from common.model import Llama
 from common.runner import ModelRunner
 from common.sequence import Sequence, SequenceStatus
-
-static = importlib.import_module("stages.01_static_batch")
 
 
 class Scheduler:
@@ -31,36 +31,72 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting) or any(s is not None for s in self.slots)
 
-    def schedule(self) -> tuple[list[int], list[int]]:
-        """Free finished slots, fill free ones; return (slots to run, tokens to feed each)."""
+    def schedule(self) -> list[int]:
+        """Fill the free slots from the queue; return the slots to run this step."""
         now = time.perf_counter()
         for i, seq in enumerate(self.slots):
-            if seq is not None and seq.is_finished:
-                self.slots[i] = None
-            if self.slots[i] is None and self.waiting:
+            if seq is None and self.waiting:
                 seq = self.slots[i] = self.waiting.popleft()
                 seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, now
-        run = [i for i, s in enumerate(self.slots) if s is not None]
+        return [i for i, s in enumerate(self.slots) if s is not None]
+
+    def postprocess(self, slots: list[int], lens: list[int], tokens: list[int | None]) -> None:
+        """Record what the step computed and sampled; a finished request frees its slot for the next step."""
+        for i, n, token in zip(slots, lens, tokens):
+            if advance(self.slots[i], n, token):
+                self.slots[i] = None
+
+
+class LLMEngine:
+    model_class = Llama
+
+    def __init__(self, model: Llama, *, max_model_len: int, max_num_seqs: int):
+        self.model = model
+        self.runner = ModelRunner(model)
+        self.scheduler = Scheduler(max_num_seqs)
+        self.cache = ContiguousKVCache(model.config, max_num_seqs, max_model_len, model.dtype, model.device,
+                                       model.batch_invariant)  # a row of max_model_len positions per slot
+        self.ran: list[Sequence] = []
+
+    def check(self, seq: Sequence) -> None:
+        pass
+
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> StepResult:
+        slots = self.scheduler.schedule()
+        seqs = self.ran = [self.scheduler.slots[i] for i in slots]
         # A newcomer feeds its whole prompt (prefill); the others their last token (decode).
-        return run, [self.slots[i].num_new_tokens for i in run]
+        lens, starts = [s.num_new_tokens for s in seqs], [s.num_cached_tokens for s in seqs]
+        self.cache.prepare(slots, lens, [len(s) for s in seqs])
+        tokens = self.runner.run(seqs, lens, self.cache)
+        self.scheduler.postprocess(slots, lens, tokens)
+        return StepResult(seqs, lens, starts, tokens, slots=slots)
+
+    def release(self) -> None:
+        self.scheduler.waiting.clear()
+        self.scheduler.slots = [None] * len(self.scheduler.slots)
+
+    # ---- gauges the statistics read after each step --------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return len(self.scheduler.slots)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.ran)
+
+    def kv_bytes_reserved(self) -> int:
+        return self.cache.reserved_bytes
+
+    def kv_bytes_used(self) -> int:
+        per_token = self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
+        return sum(s.num_cached_tokens for s in self.ran) * per_token
 
 
-class LLM(static.LLM):
-    def _run(self, seqs: list[Sequence]) -> None:
-        scheduler = Scheduler(self.max_num_seqs)
-        for seq in seqs:
-            scheduler.add(seq)
-        cache = ContiguousKVCache(self.config, self.max_num_seqs, self.max_model_len, self.dtype, self.device,
-                                  self.batch_invariant)
-        self.stats.kv_bytes_reserved = cache.reserved_bytes
-        runner = ModelRunner(self.model)
-        while scheduler.has_work():
-            run, lens = scheduler.schedule()
-            if not run:
-                break
-            running = [scheduler.slots[i] for i in run]
-            cache.prepare(run, lens, [len(s) for s in running])
-            tokens = runner.run(running, lens, cache)
-            for seq, token in zip(running, tokens):
-                seq.append_token(token)
-            self.record_step(scheduler.slots, running, lens, cache)
+class LLM(FrontEnd):
+    engine_class = LLMEngine

@@ -1,9 +1,9 @@
-"""Stage 03: paged KV cache with a block manager, preemption, prefix caching and chunked prefill."""
+"""Stage 03: paged KV cache: paging (block_manager), prefix caching (prefix_cache), preemption (preemption)
+and chunked prefill (scheduler), assembled by the engine."""
 from .block_manager import BlockManager
-from common.loader import parse_memory
-
-from .engine import LLM
+from .engine import LLM, LLMEngine
 from .paged_cache import PagedKVCache
+from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 
-__all__ = ["LLM", "Scheduler", "BlockManager", "PagedKVCache", "parse_memory"]
+__all__ = ["LLM", "LLMEngine", "Scheduler", "BlockManager", "PrefixCache", "PagedKVCache"]

@@ -30,7 +30,7 @@ def print_capacity(console: Console, args: argparse.Namespace, avg_len: int = 16
     config = ModelConfig.from_folder(resolve_model(args.model))
     per_token = config.kv_bytes_per_token(parse_dtype(args.dtype).itemsize)
     max_len = args.max_model_len or min(config.max_position_embeddings, 2048)
-    budget = parse_memory(args.kv_memory, torch.device(args.device))
+    budget = parse_memory(args.kv_memory, args.device)
     rows[f"{args.model}, {args.kv_memory}"] = capacity(per_token, budget, max_len, avg_len, args.block_size)
     table = Table(title="Capacity: reserve the maximum length, or page at the average length")
     table.add_column("figure")

@@ -1,126 +1,127 @@
 """Stage 03: paged KV cache. Memory is held per block as tokens arrive, not per slot up front.
 
-What changes from stage 02: the KV pool is a fixed number of blocks sized from a
-memory budget; a `BlockManager` hands them out; the `Scheduler` admits requests
-while blocks allow (not while slots allow), preempts when they run out, shares
-cached prefix blocks, and splits long prompts into chunks under a per-step token
-budget. The engine loop still reads schedule -> run -> postprocess.
+What changes from stage 02: the KV pool is a fixed number of blocks sized from a memory
+budget; a `BlockManager` hands them out (paging); the `Scheduler` admits requests while
+blocks allow, under a per-step token budget that splits long prompts (chunked prefill),
+preempts when blocks run out (preemption) and shares cached prompt blocks (prefix caching).
+The engine loop still reads schedule -> run -> postprocess.
 """
 from __future__ import annotations
 
-import importlib
-
-from common.loader import parse_memory
+from common.engine import StepResult
+from common.llm import LLM as FrontEnd
+from common.model import Llama
 from common.runner import ModelRunner
 from common.sequence import Sequence
-from common.validate import InvalidParam, check_bool, check_int, clip
+from common.validate import InvalidParam, check_bool, check_int
 
 from .block_manager import BlockManager
 from .paged_cache import PagedKVCache
+from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 
-continuous = importlib.import_module("stages.02_continuous_batch")
 
-class LLM(continuous.LLM):
-    cache_class = PagedKVCache  # stage 04 swaps in one that runs Triton kernels on CUDA
+class LLMEngine:
+    model_class, cache_class, scheduler_class = Llama, PagedKVCache, Scheduler  # stages 04-05 swap parts
+    paged = True  # takes a KV memory budget in blocks (the command lines' --kv-memory)
 
-    def __init__(self, model: str = "smollm2-135m", *, block_size: int = 16,
-                 kv_cache_memory: str | int | float | None = None, max_num_batched_tokens: int = 512,
-                 enable_prefix_caching: bool = True, **kwargs):
+    def __init__(self, model: Llama, *, max_model_len: int, max_num_seqs: int, block_size: int = 16,
+                 kv_cache_memory_bytes: int | None = None, max_num_batched_tokens: int = 512,
+                 enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
+                 enable_preemption: bool = True):
         check_int("block_size", block_size, 1)  # 16 is the usual choice
         check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
-        check_bool("enable_prefix_caching", enable_prefix_caching)
-        super().__init__(model, **kwargs)
-        if max_num_batched_tokens < self.max_num_seqs:
+        for name, flag in (("enable_prefix_caching", enable_prefix_caching),
+                           ("enable_chunked_prefill", enable_chunked_prefill), ("enable_preemption", enable_preemption)):
+            check_bool(name, flag)
+        if max_num_batched_tokens < max_num_seqs:
             raise InvalidParam("max_num_batched_tokens", f"max_num_batched_tokens={max_num_batched_tokens} must be "
-                               f">= max_num_seqs={self.max_num_seqs}, or some running requests could never decode")
-        per_block = block_size * self.config.kv_bytes_per_token(self.dtype.itemsize)
-        # Default budget: what stage 02 reserves for max_num_seqs slots of max_model_len tokens.
-        try:
-            budget = parse_memory(kv_cache_memory, self.device)
-        except ValueError as e:
-            raise InvalidParam("kv_cache_memory", f"kv_cache_memory={clip(kv_cache_memory)} is invalid: {e}") from None
-        if budget is None:
-            budget = self.max_num_seqs * self.max_model_len * per_block // block_size
-        if budget < per_block:
-            raise InvalidParam("kv_cache_memory", f"KV memory budget of {budget:,} bytes holds no block: one block "
-                               f"of {block_size} tokens needs {per_block:,} bytes; raise kv_cache_memory to at least "
-                               f"that")
-        self.block_size, self.max_num_batched_tokens = block_size, max_num_batched_tokens
-        self.enable_prefix_caching = enable_prefix_caching
-        self.kv_budget_bytes = budget
-        self.block_manager = BlockManager(budget // per_block, block_size)
-        self.cache = self.cache_class(self.config, self.block_manager.num_blocks, block_size, self.dtype, self.device,
-                                      self.batch_invariant)
-        self.runner = ModelRunner(self.model)
+                               f">= max_num_seqs={max_num_seqs}, or some running requests could never decode")
+        c = model.config
+        per_block = block_size * c.kv_bytes_per_token(model.dtype.itemsize)
+        if kv_cache_memory_bytes is None:  # default: what stage 02 reserves for max_num_seqs slots of max_model_len
+            kv_cache_memory_bytes = max_num_seqs * max_model_len * per_block // block_size
+        check_int("kv_cache_memory_bytes", kv_cache_memory_bytes, 1)
+        if kv_cache_memory_bytes < per_block:
+            raise InvalidParam("kv_cache_memory_bytes", f"a KV budget of {kv_cache_memory_bytes:,} bytes holds no "
+                               f"block: one block of {block_size} tokens needs {per_block:,} bytes; raise "
+                               f"kv_cache_memory_bytes to at least that")
+        self.model, self.max_model_len, self.block_size = model, max_model_len, block_size
+        self.kv_cache_memory_bytes, self.max_num_batched_tokens = kv_cache_memory_bytes, max_num_batched_tokens
+        self.chunked_prefill = enable_chunked_prefill
+        self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
+        self.block_manager = BlockManager(kv_cache_memory_bytes // per_block, block_size, self.prefix_cache)
+        self.scheduler = self.scheduler_class(self.block_manager, max_num_seqs, max_num_batched_tokens,
+                                              self.prefix_cache, enable_chunked_prefill, enable_preemption,
+                                              max_model_len)
+        self.cache = self.cache_class(c, self.block_manager.num_blocks, block_size, model.dtype, model.device,
+                                      model.batch_invariant)
+        self.runner = ModelRunner(model)
 
     @property
     def kv_capacity_tokens(self) -> int:
         return self.block_manager.num_blocks * self.block_size
 
-    def make_sequence(self, prompt, params) -> Sequence:
-        seq = super().make_sequence(prompt, params)
-        cap = self.kv_capacity_tokens
-        if seq.num_prompt_tokens > cap:
-            raise InvalidParam("prompt", f"the prompt has {seq.num_prompt_tokens} tokens but the whole KV pool holds "
-                               f"{cap} ({self.block_manager.num_blocks} blocks of {self.block_size}): shorten the "
-                               f"prompt or raise kv_cache_memory")
-        need = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
+    def check(self, seq: Sequence) -> None:
+        """A request the pool can never hold fails at submission, with what to change."""
+        cap, n = self.kv_capacity_tokens, seq.num_prompt_tokens
+        if n > cap:
+            raise InvalidParam("prompt", f"the prompt has {n} tokens but the whole KV pool holds {cap} "
+                               f"({self.block_manager.num_blocks} blocks of {self.block_size}): shorten the prompt or "
+                               f"raise kv_cache_memory_bytes")
+        need = min(n + seq.params.max_tokens, self.max_model_len)
         if need > cap:
-            raise InvalidParam("max_tokens", f"the prompt ({seq.num_prompt_tokens} tokens) plus max_tokens "
-                               f"({seq.params.max_tokens}) can need {need} tokens of KV but the whole pool holds "
-                               f"{cap}: lower max_tokens to at most {cap - seq.num_prompt_tokens} or raise "
-                               f"kv_cache_memory")
-        return seq
+            raise InvalidParam("max_tokens", f"the prompt ({n} tokens) plus max_tokens ({seq.params.max_tokens}) can "
+                               f"need {need} tokens of KV but the whole pool holds {cap}: lower max_tokens to at most "
+                               f"{cap - n} or raise kv_cache_memory_bytes")
+        if not self.chunked_prefill and n > self.max_num_batched_tokens:
+            raise InvalidParam("prompt", f"the prompt has {n} tokens but without chunked prefill a step holds at most "
+                               f"max_num_batched_tokens={self.max_num_batched_tokens}: raise it or enable chunked "
+                               f"prefill")
 
-    def _run(self, seqs: list[Sequence]) -> None:
-        self.scheduler = Scheduler(self.block_manager, self.max_num_seqs, self.max_num_batched_tokens,
-                                   self.enable_prefix_caching)
-        for seq in seqs:
-            self.scheduler.add(seq)
-        self.block_timeline: list[int] = []  # blocks in use after each step
-        try:
-            while self.scheduler.has_work():
-                if not self.step():
-                    raise RuntimeError("the scheduler could not run anything: a request larger than the pool?")
-        finally:  # an exception must not leak blocks into the next call
-            self.scheduler.release_all()
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
 
-    def step(self) -> list[Sequence]:
-        """One engine iteration: schedule -> run -> postprocess. Returns the sequences that ran."""
-        scheduler, bm = self.scheduler, self.block_manager
-        preempted, hits, queried = scheduler.num_preemptions, bm.hit_tokens, bm.queried_tokens
-        batch, lens = scheduler.schedule()
-        if not batch:
-            return []
-        starts = [s.num_cached_tokens for s in batch]
-        self.cache.prepare(batch, lens)
-        tokens = self.runner.run(batch, lens, self.cache)
-        for seq, token in zip(batch, tokens):
-            if token is not None:
-                seq.append_token(token)
-        st = self.stats
-        st.preemptions += scheduler.num_preemptions - preempted
-        st.prefix_hit_tokens += bm.hit_tokens - hits
-        st.prefix_query_tokens += bm.queried_tokens - queried
-        self.record_paged_step(batch, lens, starts, tokens)
-        scheduler.postprocess(batch)
-        return batch
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
 
-    def record_paged_step(self, batch: list[Sequence], lens: list[int], starts: list[int],
-                          tokens: list[int | None]) -> None:
-        st, bm, scheduler = self.stats, self.block_manager, self.scheduler
-        st.steps += 1
-        st.slot_steps_available += self.max_num_seqs
-        st.slot_steps_used += len(batch)
-        for seq, n, start in zip(batch, lens, starts):
-            prefill = max(0, min(n, seq.num_prompt_tokens - start))
-            st.prefill_tokens += prefill
-            st.decode_tokens += n - prefill
-        st.peak_running = max(st.peak_running, len(scheduler.running))
-        per_token = self.config.kv_bytes_per_token(self.dtype.itemsize)
-        st.kv_bytes_reserved = max(st.kv_bytes_reserved, bm.num_used_blocks * self.block_size * per_token)
-        st.kv_bytes_used = max(st.kv_bytes_used, bm.filled_tokens(scheduler.running) * per_token)
-        self.block_timeline.append(bm.num_used_blocks)
-        self.timeline.append([s.index for s in batch] + [None] * (self.max_num_seqs - len(batch)))
-        self._advance(sum(t is not None for t in tokens))
+    def step(self) -> StepResult:
+        pc = self.prefix_cache
+        hits, queried = (pc.hit_tokens, pc.queried_tokens) if pc else (0, 0)
+        seqs, lens = self.scheduler.schedule()
+        if not seqs:
+            raise RuntimeError("the scheduler could not run anything: a request larger than the pool?")
+        self.num_running = len(self.scheduler.running)  # in flight this step, the ones it finishes included
+        starts = [s.num_cached_tokens for s in seqs]
+        self.cache.prepare(seqs, lens, [self.block_manager.table(s) for s in seqs])
+        tokens = self.runner.run(seqs, lens, self.cache)
+        self.scheduler.postprocess(seqs, lens, tokens)
+        return StepResult(seqs, lens, starts, tokens, preempted=self.scheduler.num_preempted,
+                          prefix_hit_tokens=pc.hit_tokens - hits if pc else 0,
+                          prefix_query_tokens=pc.queried_tokens - queried if pc else 0)
+
+    def release(self) -> None:
+        self.scheduler.release_all()
+
+    # ---- gauges the statistics read after each step --------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return self.scheduler.max_num_seqs
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.block_manager.num_used_blocks
+
+    def kv_bytes_reserved(self) -> int:
+        return self.num_used_blocks * self.block_size * self._per_token
+
+    def kv_bytes_used(self) -> int:
+        return self.scheduler.held_tokens * self._per_token
+
+    @property
+    def _per_token(self) -> int:
+        return self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
+
+
+class LLM(FrontEnd):
+    engine_class = LLMEngine

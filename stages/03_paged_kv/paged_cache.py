@@ -3,7 +3,7 @@
 Storage per layer is ``[num_blocks, kv_heads, block_size, head_dim]``: one block of one KV
 head is contiguous, so attention gathers whole chunks of keys, not single rows. Each step,
 ``prepare`` turns the block tables into index tensors shared by all layers: where each new
-token's keys and values go (``slot_mapping``), and which chunks hold each sequence's keys
+token's keys and values go (``kv_write_rows``), and which chunks hold each sequence's keys
 (the attention metadata). The attention itself is the same batch-invariant code as every
 other stage; only the addressing changed.
 """
@@ -35,22 +35,24 @@ class PagedKVCache:
     def bytes_per_block(self) -> int:
         return self.block_size * self.config.kv_bytes_per_token(self.k.element_size())
 
-    def prepare(self, seqs: list[Sequence], query_lens: list[int]) -> None:
-        """Describe the next step: seq s writes query_lens[s] tokens after its cached ones."""
-        self.slot_mapping = self.write_slots(seqs, query_lens)
-        self.meta = self.attention_metadata(seqs, query_lens)
+    def prepare(self, seqs: list[Sequence], query_lens: list[int], tables: list[list[int]]) -> None:
+        """Describe the next step: seq s writes query_lens[s] tokens after its cached ones, into the blocks of
+        its block table ``tables[s]``."""
+        self.kv_write_rows = self.write_rows(seqs, query_lens, tables)
+        self.meta = self.attention_metadata(seqs, query_lens, tables)
 
-    def write_slots(self, seqs: list[Sequence], query_lens: list[int]) -> torch.Tensor:
+    def write_rows(self, seqs: list[Sequence], query_lens: list[int], tables: list[list[int]]) -> torch.Tensor:
         """[tokens, kv_heads]: the row of the layer's storage (viewed [blocks * kv_heads * block_size, d])
         that each new token's key and value go to, per KV head."""
         bs, kvh = self.block_size, self.config.num_key_value_heads
         pos = np.concatenate([np.arange(s.num_cached_tokens, s.num_cached_tokens + n) for s, n in zip(seqs, query_lens)])
-        block = np.concatenate([np.asarray(s.block_table)[np.arange(s.num_cached_tokens, s.num_cached_tokens + n) // bs]
-                                for s, n in zip(seqs, query_lens)])
+        block = np.concatenate([np.asarray(t)[np.arange(s.num_cached_tokens, s.num_cached_tokens + n) // bs]
+                                for s, n, t in zip(seqs, query_lens, tables)])
         rows = (block[:, None] * kvh + np.arange(kvh)) * bs + (pos % bs)[:, None]
         return torch.from_numpy(rows).to(self.k.device)
 
-    def attention_metadata(self, seqs: list[Sequence], query_lens: list[int]) -> AttentionMetadata:
+    def attention_metadata(self, seqs: list[Sequence], query_lens: list[int],
+                           tables: list[list[int]]) -> AttentionMetadata:
         """The attention's view of ``seqs``: their query rows, and their keys read through their block tables."""
         c, bs, g = self.config, self.block_size, self.chunk_len
         context_lens = [s.num_cached_tokens + n for s, n in zip(seqs, query_lens)]
@@ -59,7 +61,7 @@ class PagedKVCache:
         chunk_pos = np.arange(width) * g
         table = np.zeros((len(seqs), width), dtype=np.int64)
         for i, seq in enumerate(seqs):
-            blocks = np.asarray(seq.block_table, dtype=np.int64)
+            blocks = np.asarray(tables[i], dtype=np.int64)
             n = min(width, -(-context_lens[i] // g))
             table[i, :n] = blocks[chunk_pos[:n] // bs] * c.num_key_value_heads * (bs // g) + (chunk_pos[:n] % bs) // g
         return AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, c.num_key_value_heads,
@@ -72,7 +74,7 @@ class PagedKVCache:
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         d = self.config.head_dim
-        rows = self.slot_mapping.view(-1)
+        rows = self.kv_write_rows.view(-1)
         self.k[layer].view(-1, d).index_copy_(0, rows, k.reshape(-1, d))
         self.v[layer].view(-1, d).index_copy_(0, rows, v.reshape(-1, d))
         return attention(q, *self.chunks(layer), self.meta)

@@ -1,33 +1,37 @@
 """Scheduling under a block budget: admit while blocks allow, preempt when they run out.
 
-Every step has a token budget (``max_num_batched_tokens``). Running sequences go
-first, oldest first: a decode feeds one token, a prompt still being prefilled feeds
-its next chunk (chunked prefill), so a long prompt never stalls the decodes around
-it. Whatever budget is left admits waiting sequences, which first take any cached
-prefix blocks. When a running sequence needs a block and none is free, the most
-recently admitted sequence is preempted: its blocks are freed and it goes back to
-the front of the queue, to be recomputed later (vLLM's recompute preemption).
+Every step has a token budget (``max_num_batched_tokens``). Running sequences go first,
+oldest first: a decode feeds one token, a prompt still being prefilled feeds its next chunk
+(**chunked prefill**), so a long prompt never stalls the decodes around it. Whatever budget
+is left admits waiting sequences, which first take any cached prefix blocks. Each idea can be
+turned off, for the lesson: without chunked prefill a prompt waits until its whole rest fits
+one step's budget; without preemption a request is admitted only with blocks reserved for
+the longest it can grow, so it never runs out.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 
+from common.engine import advance
 from common.sequence import Sequence, SequenceStatus
 
 from .block_manager import BlockManager
+from .preemption import make_room
+from .prefix_cache import PrefixCache
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_prefix_caching: bool = True):
-        self.block_manager = block_manager
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_prefix_caching = enable_prefix_caching
+                 prefix_cache: PrefixCache | None = None, chunked_prefill: bool = True, preemption: bool = True,
+                 max_model_len: int | None = None):
+        self.block_manager, self.prefix_cache = block_manager, prefix_cache
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.chunked_prefill, self.preemption, self.max_model_len = chunked_prefill, preemption, max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
-        self.num_preemptions = 0
+        self.num_preempted = 0  # in the last step
+        self.held_tokens = 0  # KV positions holding tokens at the end of the last step
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -38,32 +42,36 @@ class Scheduler:
     def schedule(self) -> tuple[list[Sequence], list[int]]:
         """Pick this step's sequences and how many tokens each feeds; their blocks are allocated."""
         bm, budget = self.block_manager, self.max_num_batched_tokens
-        seqs, lens, preempted = [], [], False
+        seqs, lens, self.num_preempted = [], [], 0
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_new_tokens, budget)
-            while not bm.can_append(seq, n) and self.running[-1] is not seq:
-                self.preempt(self.running.pop())
-                preempted = True
-            if not bm.can_append(seq, n):  # nothing newer left to preempt: step aside itself
-                self.preempt(self.running.pop())
-                preempted = True
+            if n < seq.num_new_tokens and not self.chunked_prefill:
+                break  # the rest of this prompt waits for a step with room for all of it
+            fits, preempted = make_room(seq, n, self.running, self.waiting, bm)
+            self.num_preempted += preempted
+            if not fits:
                 break
             bm.append_slots(seq, n)
             seqs.append(seq), lens.append(n)
             budget -= n
             i += 1
         # Admit newcomers only when nothing had to be preempted: memory is tight otherwise.
-        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and not self.num_preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            prefix = bm.cached_prefix(seq) if self.enable_prefix_caching else []
+            prefix = self.prefix_cache.lookup(seq) if self.prefix_cache is not None else []
             n = min(len(seq) - len(prefix) * bm.block_size, budget)
-            if not bm.can_allocate(seq, n, prefix):
+            if n < len(seq) - len(prefix) * bm.block_size and not self.chunked_prefill:
+                break
+            reserve = self.longest(seq) - len(prefix) * bm.block_size if not self.preemption else n
+            if not bm.can_allocate(reserve, prefix):
                 break
             self.waiting.popleft()
             bm.allocate(seq, prefix)
-            bm.append_slots(seq, n)
+            if self.prefix_cache is not None:
+                self.prefix_cache.record(seq, len(prefix))
+            bm.append_slots(seq, reserve)  # without preemption: every block it can ever need, now
             seq.status = SequenceStatus.RUNNING
             seq.metrics.first_scheduled_time = seq.metrics.first_scheduled_time or time.perf_counter()
             self.running.append(seq)
@@ -71,33 +79,25 @@ class Scheduler:
             budget -= n
         return seqs, lens
 
-    def preempt(self, seq: Sequence) -> None:
-        self.block_manager.free_sequence(seq)
-        seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+    def longest(self, seq: Sequence) -> int:
+        """The most tokens ``seq`` can ever hold: its prompt and every token it may still generate."""
+        most = seq.num_prompt_tokens + seq.params.max_tokens
+        return min(most, self.max_model_len) if self.max_model_len else most
 
-    def abort(self, seq: Sequence) -> None:
-        """Drop a request wherever it is; its blocks go back to the pool."""
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        elif seq in self.running:
+    def postprocess(self, seqs: list[Sequence], lens: list[int], tokens: list[int | None]) -> None:
+        """After a step: record what it computed and sampled, share what was filled, release what finished."""
+        bm = self.block_manager
+        finished = [seq for seq, n, token in zip(seqs, lens, tokens) if advance(seq, n, token)]
+        if self.prefix_cache is not None:
+            for seq in seqs:
+                self.prefix_cache.commit(seq, bm.table(seq))
+        self.held_tokens = bm.filled_tokens(self.running)  # KV holding tokens at the step's end, before releases
+        for seq in finished:
+            bm.free_sequence(seq)
             self.running.remove(seq)
-            self.block_manager.free_sequence(seq)
-        if not seq.is_finished:
-            seq.finish("abort")
 
     def release_all(self) -> None:
-        for seq in list(self.running):
+        for seq in self.running:
             self.block_manager.free_sequence(seq)
         self.running.clear()
-
-    def postprocess(self, seqs: list[Sequence]) -> None:
-        """After a step: share what was filled, release what finished."""
-        for seq in seqs:
-            if self.enable_prefix_caching:
-                self.block_manager.commit(seq)
-            if seq.is_finished:
-                self.block_manager.free_sequence(seq)
-                self.running.remove(seq)
+        self.waiting.clear()

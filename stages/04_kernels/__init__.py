@@ -3,8 +3,8 @@
 The Triton modules (`elementwise`, `paged_attention`) import triton; they are loaded only when a
 CUDA device will run them, or by the tests (interpreted on CPU). `cpu_fusion` compiles the
 reference's own element-wise functions (common/ops.py) once per machine and caches them."""
-from .engine import LLM
+from .engine import LLM, LLMEngine
 from .kernel_cache import KernelPagedCache
 from .model import KernelLlama, describe_path, kernels_available
 
-__all__ = ["LLM", "KernelLlama", "KernelPagedCache", "describe_path", "kernels_available"]
+__all__ = ["LLM", "LLMEngine", "KernelLlama", "KernelPagedCache", "describe_path", "kernels_available"]

@@ -32,11 +32,11 @@ class KernelPagedCache(paged.PagedKVCache):
             from . import elementwise, paged_attention
             self.elementwise, self.paged_attention = elementwise, paged_attention
 
-    def prepare(self, seqs: list[Sequence], query_lens: list[int]) -> None:
+    def prepare(self, seqs: list[Sequence], query_lens: list[int], tables: list[list[int]]) -> None:
         if not self.fused_attention:
-            return super().prepare(seqs, query_lens)
+            return super().prepare(seqs, query_lens, tables)
         dev = self.k.device
-        self.slot_mapping = self.write_slots(seqs, query_lens)
+        self.kv_write_rows = self.write_rows(seqs, query_lens, tables)
         starts = torch.tensor([0] + query_lens).cumsum(0).tolist()
         decode = [i for i, n in enumerate(query_lens) if n == 1]
         prefill = [i for i, n in enumerate(query_lens) if n > 1]
@@ -45,20 +45,20 @@ class KernelPagedCache(paged.PagedKVCache):
                                          dtype=torch.long, device=dev)
         ctx = [seqs[i].num_cached_tokens + 1 for i in decode]
         self.decode_max_ctx = max(ctx, default=0)
-        width = max((len(seqs[i].block_table) for i in decode), default=1)
-        tables = torch.zeros(len(decode), width, dtype=torch.int32)
+        width = max((len(tables[i]) for i in decode), default=1)
+        decode_tables = torch.zeros(len(decode), width, dtype=torch.int32)
         for row, i in enumerate(decode):
-            tables[row, :len(seqs[i].block_table)] = torch.tensor(seqs[i].block_table, dtype=torch.int32)
-        self.decode_tables, self.decode_ctx = tables.to(dev), torch.tensor(ctx, dtype=torch.int32, device=dev)
+            decode_tables[row, :len(tables[i])] = torch.tensor(tables[i], dtype=torch.int32)
+        self.decode_tables, self.decode_ctx = decode_tables.to(dev), torch.tensor(ctx, dtype=torch.int32, device=dev)
         # Stage 03's attention, for the prefilling sequences alone.
-        self.meta = (self.attention_metadata([seqs[i] for i in prefill], [query_lens[i] for i in prefill])
-                     if prefill else None)
+        self.meta = (self.attention_metadata([seqs[i] for i in prefill], [query_lens[i] for i in prefill],
+                                             [tables[i] for i in prefill]) if prefill else None)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if not self.use_kernels:
             return super().__call__(layer, q, k, v)
         kc, vc = self.k[layer], self.v[layer]
-        self.elementwise.store_kv(k, v, kc, vc, self.slot_mapping)
+        self.elementwise.store_kv(k, v, kc, vc, self.kv_write_rows)
         if not self.fused_attention:
             return attention(q, *self.chunks(layer), self.meta)
         out = torch.empty_like(q)

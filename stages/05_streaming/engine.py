@@ -1,10 +1,10 @@
 """Stage 05: tokens reach the caller as soon as they exist.
 
-Stage 04's `step()` (schedule -> run -> postprocess) runs in a loop that never ends while
+Stage 04's engine steps (schedule -> run -> postprocess) in a loop that never ends while
 requests keep arriving. Requests join through an inbox at any time, between steps; after
-each step, every sequence that ran publishes its new token ids and its newly stable text
-to its `RequestStream`. A caller that stops reading aborts its request, and its blocks
-return to the pool at the next step.
+each step, every sequence that ran publishes its new token ids and its newly stable text to
+its `RequestStream`. A caller that stops reading aborts its request, and its blocks return
+to the pool at the next step.
 
 Who runs the loop matters more than it seems: torch ops issued from a second Python thread
 ran about 2x slower here than on the main thread (libgomp, torch's OpenMP runtime, makes a
@@ -23,13 +23,14 @@ import queue
 import threading
 import time
 import traceback
-from collections import deque
 
+from common.engine import StepResult
+from common.llm import LLM as FrontEnd
 from common.sequence import Sequence
 from common.validate import check_int
 
 from .metrics import EngineMetrics
-from .streams import QueueFull, RequestStream, StreamChunk
+from .streams import QueueFull, RequestStream, StreamChunk, stable_text_len
 
 kernels = importlib.import_module("stages.04_kernels")
 paged = importlib.import_module("stages.03_paged_kv")
@@ -37,16 +38,30 @@ _request_ids = itertools.count()
 __all__ = ["LLM", "QueueFull", "RequestStream", "StreamChunk"]
 
 
-class LLM(kernels.LLM):
+class Scheduler(paged.Scheduler):
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request wherever it is (a client gave up); its blocks go back to the pool."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.running.remove(seq)
+            self.block_manager.free_sequence(seq)
+        if not seq.is_finished:
+            seq.finish("abort")
+
+
+class LLMEngine(kernels.LLMEngine):
+    scheduler_class = Scheduler
+
+
+class LLM(FrontEnd):
+    engine_class = LLMEngine
+
     def __init__(self, model: str = "smollm2-135m", *, max_waiting: int = 256, **kwargs):
         check_int("max_waiting", max_waiting, 1)
         super().__init__(model, **kwargs)
         self.max_waiting = max_waiting
-        self.scheduler = paged.Scheduler(self.block_manager, self.max_num_seqs, self.max_num_batched_tokens,
-                                         self.enable_prefix_caching)
-        self.metrics = EngineMetrics()
-        # A server runs for days: keep only the recent per-step history.
-        self.block_timeline, self.timeline = deque(maxlen=10_000), deque(maxlen=10_000)
+        self.metrics = EngineMetrics()  # a server's latency histograms, kept across runs
         self._inbox: queue.Queue = queue.Queue()  # new streams and aborts, applied between steps
         self._streams: dict[str, RequestStream] = {}  # by request id
         self._by_seq: dict[int, RequestStream] = {}  # by seq_id
@@ -57,6 +72,11 @@ class LLM(kernels.LLM):
         self._stop = threading.Event()
         self.looping = False  # a loop (run_forever) is stepping the engine
         self.loops_started = 0
+        self._gauges = self._read_gauges()
+
+    @property
+    def execution_path(self) -> str:
+        return self.model.path
 
     # ---- the caller's side (any thread) ---------------------------------------------------
     def add_request(self, prompt, params=None, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
@@ -99,18 +119,23 @@ class LLM(kernels.LLM):
                 except queue.Empty:
                     pass
 
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+        self._wakeup.set()
+
     @property
     def num_waiting(self) -> int:
         """Requests submitted and not yet running: in the inbox or the scheduler's queue."""
-        return self._inbox.qsize() + len(self.scheduler.waiting)
+        return self._inbox.qsize() + self._gauges["waiting"]
 
     def is_alive(self) -> bool:
         """False once a background loop has died."""
         return self._thread is None or self._thread.is_alive()
 
-    def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
-        self._wakeup.set()
+    def gauges(self) -> dict[str, float]:
+        """The engine's state after its last step (requests, KV blocks, prefix hits, preemptions): a snapshot the
+        stepping thread replaces whole, so a reader on another thread never sees it half-written."""
+        return self._gauges
 
     def _run(self, seqs: list[Sequence]) -> None:
         """`generate`: submit every request, then read each to its end (stepping the engine here)."""
@@ -121,7 +146,7 @@ class LLM(kernels.LLM):
             for _ in stream:  # drain: generate() returns whole outputs
                 pass
 
-    # ---- the loop ---------------------------------------------------------------------------
+    # ---- the loop -----------------------------------------------------------------------------
     def run_forever(self, stop: threading.Event, on_start=None) -> None:
         """Step the engine on this thread until ``stop`` is set (a server's main thread); ``on_start`` is called
         once the loop owns the engine (start the HTTP server there, so no request can start another loop)."""
@@ -155,19 +180,36 @@ class LLM(kernels.LLM):
                 self._thread = None
 
     def run_step(self) -> bool:
-        """Apply the inbox, run one step, publish what it produced; False when there was nothing to run."""
+        """Apply the inbox, run one engine step, publish what it produced; False when there was nothing to run."""
         self._apply_inbox()
-        if not self.scheduler.has_work():
+        if not self.engine.has_work():
             return False
         try:
-            batch = self.step()
+            step = self.engine.step()
         except Exception as e:  # noqa: BLE001 - fail the requests in flight, keep serving
             traceback.print_exc()
             self._fail_all(f"engine error: {type(e).__name__}: {e}")
             return True
-        for seq in batch:
+        self.observe(step)
+        for seq in step.seqs:
             self._publish(seq)
+        self._gauges = self._read_gauges()
         return True
+
+    def observe(self, step: StepResult) -> None:
+        super().observe(step)
+        self.metrics.preemptions += step.preempted
+        for seq in step.seqs:
+            if seq.is_finished:
+                self.metrics.observe(seq)
+
+    def _read_gauges(self) -> dict[str, float]:
+        e = self.engine
+        pc, bm = e.prefix_cache, e.block_manager
+        return {"waiting": len(e.scheduler.waiting), "running": len(e.scheduler.running),
+                "kv_blocks_used": bm.num_used_blocks, "kv_blocks_free": bm.num_free_blocks,
+                "kv_blocks": bm.num_blocks, "prefix_hit_rate": pc.hit_tokens / pc.queried_tokens
+                if pc is not None and pc.queried_tokens else 0.0, "preemptions": self.metrics.preemptions}
 
     def _apply_inbox(self) -> None:
         while True:
@@ -179,29 +221,31 @@ class LLM(kernels.LLM):
                 item.seq.metrics.arrival_time = min(item.seq.metrics.arrival_time, time.perf_counter())
                 self._streams[item.request_id] = item
                 self._by_seq[item.seq.seq_id] = item
-                self.scheduler.add(item.seq)
+                self.engine.add(item.seq)
             elif (stream := self._streams.get(item)) is not None:
-                self.scheduler.abort(stream.seq)
+                self.engine.scheduler.abort(stream.seq)
+                self.metrics.observe(stream.seq)
                 self._publish(stream.seq)
+        self._gauges = self._read_gauges()
 
     def _publish(self, seq: Sequence) -> None:
         stream = self._by_seq.get(seq.seq_id)
         if stream is None:
             return
-        stable = seq.stable_text_len
+        stable = stable_text_len(seq)
         text, ids = seq.output_text[stream.sent_text:stable], seq.output_token_ids[stream.sent_tokens:]
         stream.sent_text, stream.sent_tokens = max(stream.sent_text, stable), len(seq.output_token_ids)
         if seq.is_finished:
             self._forget(stream)
-            self.metrics.observe(seq)
             stream.put(StreamChunk(text, ids, seq.finish_reason, seq.metrics))
         elif text or ids:
             stream.put(StreamChunk(text, ids))
 
     def _fail_all(self, message: str) -> None:
         for stream in list(self._streams.values()):
-            self.scheduler.abort(stream.seq)
+            self.engine.scheduler.abort(stream.seq)
             stream.seq.finish_reason = "error"
+            self.metrics.observe(stream.seq)
             self._forget(stream)
             stream.put(StreamChunk("", [], "error", stream.seq.metrics, error=message))
 

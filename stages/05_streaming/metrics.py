@@ -45,6 +45,7 @@ class EngineMetrics:
         self.e2e = Histogram(TTFT_BUCKETS)
         self.finished: dict[str, int] = {}
         self.output_tokens = 0
+        self.preemptions = 0
 
     def observe(self, seq: Sequence) -> None:
         """Record a finished request."""

@@ -153,16 +153,15 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | Non
 
     @app.get("/metrics")
     async def metrics():
-        bm, st = llm.block_manager, llm.stats
+        g = llm.gauges()
         gauges = {
             "stepwise_requests_waiting": (llm.num_waiting, "Requests waiting"),
-            "stepwise_requests_running": (len(llm.scheduler.running), "Requests running"),
-            "stepwise_kv_blocks_used": (bm.num_used_blocks, "KV blocks held by requests"),
-            "stepwise_kv_blocks_free": (bm.num_free_blocks, "KV blocks free (cached ones included)"),
-            "stepwise_kv_cache_usage_ratio": (bm.num_used_blocks / bm.num_blocks, "Share of KV blocks in use"),
-            "stepwise_prefix_cache_hit_rate": (bm.hit_tokens / bm.queried_tokens if bm.queried_tokens else 0.0,
-                                               "Prompt tokens found in the prefix cache / looked up"),
-            "stepwise_preemptions": (st.preemptions, "Preemptions since the counters were reset"),
+            "stepwise_requests_running": (g["running"], "Requests running"),
+            "stepwise_kv_blocks_used": (g["kv_blocks_used"], "KV blocks held by requests"),
+            "stepwise_kv_blocks_free": (g["kv_blocks_free"], "KV blocks free (cached ones included)"),
+            "stepwise_kv_cache_usage_ratio": (g["kv_blocks_used"] / g["kv_blocks"], "Share of KV blocks in use"),
+            "stepwise_prefix_cache_hit_rate": (g["prefix_hit_rate"], "Prompt tokens found in the prefix cache / looked up"),
+            "stepwise_preemptions": (g["preemptions"], "Preemptions since the server started"),
         }
         return PlainTextResponse(llm.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 

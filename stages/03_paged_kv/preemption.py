@@ -1,0 +1,37 @@
+"""Preemption: when a running request needs a block and none is free, someone gives theirs back.
+
+vLLM's recompute preemption: the most recently admitted request is the victim. Its blocks
+go back to the pool (cached ones stay revivable) and it returns to the front of the queue;
+when it is admitted again its prompt and the tokens it had already generated are recomputed
+(often largely found in the prefix cache). Nothing is lost but time, and since every step's
+math is batch-invariant, the recomputed request goes on with exactly the same tokens.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from common.sequence import Sequence, SequenceStatus
+
+from .block_manager import BlockManager
+
+
+def make_room(seq: Sequence, num_tokens: int, running: list[Sequence], waiting: deque[Sequence],
+              block_manager: BlockManager) -> tuple[bool, int]:
+    """Preempt the newest running requests until ``seq`` can append ``num_tokens`` tokens.
+
+    Returns (whether ``seq`` can run, how many requests were preempted); when nothing newer is left,
+    ``seq`` steps aside itself."""
+    preempted = 0
+    while not block_manager.can_append(seq, num_tokens) and running[-1] is not seq:
+        preempt(running.pop(), waiting, block_manager)
+        preempted += 1
+    if block_manager.can_append(seq, num_tokens):
+        return True, preempted
+    preempt(running.pop(), waiting, block_manager)  # ``seq`` itself, the newest left
+    return False, preempted + 1
+
+
+def preempt(seq: Sequence, waiting: deque[Sequence], block_manager: BlockManager) -> None:
+    block_manager.free_sequence(seq)
+    seq.status = SequenceStatus.WAITING
+    waiting.appendleft(seq)
