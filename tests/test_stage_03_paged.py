@@ -234,3 +234,15 @@ def test_a_cached_prefix_in_free_blocks_counts_once_when_revived(reference):
     got = llm.generate([second], params)[0]
     assert llm.stats.prefix_hit_tokens == 8
     assert got.token_ids == reference.generate([second], params)[0].token_ids
+
+
+def test_eviction_takes_the_least_recently_freed_block_first(reference):
+    """Pool of four blocks: b's two blocks come from the two never used, so a's freed cached blocks survive."""
+    a, b = list(range(40, 48)), list(range(60, 68))
+    params = SamplingParams(temperature=0, max_tokens=1)
+    llm = paged.LLM("tiny", block_size=4, kv_cache_memory=4 * 4 * TINY_BYTES_PER_TOKEN, max_num_seqs=1)
+    llm.generate([a], params)
+    llm.generate([b], params)
+    got = llm.generate([a + [99]], params)[0]
+    assert llm.stats.prefix_hit_tokens == 8
+    assert got.token_ids == reference.generate([a + [99]], params)[0].token_ids
