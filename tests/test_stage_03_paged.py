@@ -212,3 +212,37 @@ def test_an_engine_error_mid_run_leaks_no_blocks(reference):
     llm.runner.run = run
     assert [g.token_ids for g in llm.generate(prompts, params)] == \
         [e.token_ids for e in reference.generate(prompts, params)]
+
+
+def test_a_prompt_one_past_a_block_boundary_reuses_every_full_block(reference):
+    prompt = list(range(300, 333))  # 33 tokens: two full blocks, and the last token computed again
+    params = SamplingParams(temperature=0, max_tokens=3)
+    llm = paged.LLM("tiny")
+    llm.generate([prompt], params)
+    again = llm.generate([prompt], params)[0]
+    assert llm.stats.prefix_hit_tokens == 32 and llm.stats.prefill_tokens == 1
+    assert again.token_ids == reference.generate([prompt], params)[0].token_ids
+
+
+def test_a_cached_prefix_in_free_blocks_counts_once_when_revived(reference):
+    """A pool of exactly three blocks: the second request revives the first one's two freed cached blocks and takes
+    one fresh block, which fits only if each revived block is counted once."""
+    first, second = list(range(40, 48)), list(range(40, 48)) + [99]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    llm = paged.LLM("tiny", block_size=4, kv_cache_memory=3 * 4 * TINY_BYTES_PER_TOKEN)
+    llm.generate([first], params)
+    got = llm.generate([second], params)[0]
+    assert llm.stats.prefix_hit_tokens == 8
+    assert got.token_ids == reference.generate([second], params)[0].token_ids
+
+
+def test_eviction_takes_the_least_recently_freed_block_first(reference):
+    """Pool of four blocks: b's two blocks come from the two never used, so a's freed cached blocks survive."""
+    a, b = list(range(40, 48)), list(range(60, 68))
+    params = SamplingParams(temperature=0, max_tokens=1)
+    llm = paged.LLM("tiny", block_size=4, kv_cache_memory=4 * 4 * TINY_BYTES_PER_TOKEN, max_num_seqs=1)
+    llm.generate([a], params)
+    llm.generate([b], params)
+    got = llm.generate([a + [99]], params)[0]
+    assert llm.stats.prefix_hit_tokens == 8
+    assert got.token_ids == reference.generate([a + [99]], params)[0].token_ids
