@@ -59,7 +59,7 @@ def make_llm(module: str, args: argparse.Namespace):
               batch_invariant=not args.no_batch_invariant, quantization=getattr(args, "quantization", None))
     budget = parse_memory(args.kv_memory, resolve_device(args.device))
     if getattr(cls.engine_class, "paged", False):
-        kw.update(kv_cache_memory_bytes=budget, block_size=args.block_size,
+        kw.update(kv_cache_memory=budget, block_size=args.block_size,
                   max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
                   enable_chunked_prefill=not args.no_chunked_prefill, enable_preemption=not args.no_preemption)
     elif budget is not None:  # stages 01-02: as many max_model_len slots as the budget holds

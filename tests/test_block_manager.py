@@ -12,7 +12,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from common import SamplingParams, Sequence
 from workloads import examples
 
-BlockManager = importlib.import_module("stages.03_paged_kv").BlockManager
+paged = importlib.import_module("stages.03_paged_kv")
+BlockManager, PrefixCache = paged.BlockManager, paged.PrefixCache
 BLOCK_SIZE, NUM_BLOCKS = 4, 14
 SYSTEM_PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 50, 60, 70, 80]]  # share their first block
 tokens = st.lists(st.integers(1, 99), min_size=1, max_size=12)
@@ -21,7 +22,8 @@ tokens = st.lists(st.integers(1, 99), min_size=1, max_size=12)
 class BlockManagerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE)
+        self.cache = PrefixCache(BLOCK_SIZE)
+        self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE, self.cache)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.written: dict[tuple[int, int], int] = {}  # (block, offset) -> token whose KV is there
@@ -30,9 +32,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         """What a step does: allocate room, write n tokens' KV, mark them cached, share full blocks."""
         self.bm.append_slots(seq, n)
         for p in range(seq.num_cached_tokens, seq.num_cached_tokens + n):
-            self.written[seq.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE] = seq.token_ids[p]
+            self.written[self.bm.table(seq)[p // BLOCK_SIZE], p % BLOCK_SIZE] = seq.token_ids[p]
         seq.num_cached_tokens += n
-        self.bm.commit(seq)
+        self.cache.commit(seq, self.bm.table(seq))
 
     @rule(system=st.sampled_from(SYSTEM_PROMPTS + [[]]), tail=tokens)
     def new_request(self, system, tail):
@@ -50,12 +52,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def admit(self, data):
         seq = data.draw(st.sampled_from(self.waiting))
-        prefix = self.bm.cached_prefix(seq)
+        prefix = self.cache.lookup(seq)
         for i, block_id in enumerate(prefix):  # a hit must hold exactly this sequence's tokens
             for off in range(BLOCK_SIZE):
                 assert self.written[block_id, off] == seq.token_ids[i * BLOCK_SIZE + off]
         n = len(seq) - len(prefix) * BLOCK_SIZE
-        if not self.bm.can_allocate(seq, n, prefix):
+        if not self.bm.can_allocate(n, prefix):
             return
         self.waiting.remove(seq)
         self.bm.allocate(seq, prefix)
@@ -98,24 +100,27 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def reference_counts_equal_holders(self):
         holders = [0] * NUM_BLOCKS
         for seq in self.running:
-            assert len(set(seq.block_table)) == len(seq.block_table)
-            assert len(seq.block_table) == -(-seq.num_cached_tokens // BLOCK_SIZE)
-            for b in seq.block_table:
+            table = self.bm.table(seq)
+            assert len(set(table)) == len(table)
+            assert len(table) == -(-seq.num_cached_tokens // BLOCK_SIZE)
+            for b in table:
                 holders[b] += 1
         assert holders == [b.ref_count for b in self.bm.blocks]
         for b in self.bm.blocks:  # sharing only ever happens through the cache, on full blocks
-            assert b.ref_count <= 1 or (b.hash is not None and len(b.token_ids) == BLOCK_SIZE)
+            assert b.ref_count <= 1 or len(self.cache.of_block[b.block_id][1]) == BLOCK_SIZE
 
     @invariant()
     def every_sequence_reads_its_own_tokens(self):
         for seq in self.running:
             for p in range(seq.num_cached_tokens):
-                assert self.written[seq.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE] == seq.token_ids[p]
+                assert self.written[self.bm.table(seq)[p // BLOCK_SIZE], p % BLOCK_SIZE] == seq.token_ids[p]
 
     @invariant()
     def cache_index_points_at_matching_blocks(self):
-        for h, block_id in self.bm.cached.items():
-            assert self.bm.blocks[block_id].hash == h
+        for h, block_id in self.cache.by_hash.items():
+            assert self.cache.of_block[block_id][0] == h
+        for block_id in self.cache.of_block:  # a cached block's contents are still there: never handed out again
+            assert block_id in self.bm.free or self.bm.blocks[block_id].ref_count > 0
 
     def teardown(self):
         for seq in self.running:

@@ -1,6 +1,6 @@
 """Stage 03's scheduler step by step, without a model: each plan checked against the rules its docstring states
 (running sequences first, oldest first; newcomers with what budget is left; the newest preempted when blocks run
-out, back at the front of the queue; an abort takes a request out wherever it is)."""
+out, back at the front of the queue; stage 05's abort takes a request out wherever it is)."""
 import importlib
 
 import torch
@@ -8,6 +8,8 @@ import torch
 from common import SamplingParams, Sequence
 
 paged = importlib.import_module("stages.03_paged_kv")
+streaming = importlib.import_module("stages.05_streaming.engine")
+preemption = importlib.import_module("stages.03_paged_kv.preemption")
 
 
 def request(prompt_len: int, max_tokens: int = 50) -> Sequence:
@@ -15,19 +17,15 @@ def request(prompt_len: int, max_tokens: int = 50) -> Sequence:
                                                                      ignore_eos=True), 2, torch.device("cpu"))
 
 
-def scheduler(num_blocks: int, block_size: int, max_num_seqs: int = 4, budget: int = 512):
-    return paged.Scheduler(paged.BlockManager(num_blocks, block_size), max_num_seqs, budget,
-                           enable_prefix_caching=False)
+def scheduler(num_blocks: int, block_size: int, max_num_seqs: int = 4, budget: int = 512, cls=None):
+    return (cls or paged.Scheduler)(paged.BlockManager(num_blocks, block_size), max_num_seqs, budget)
 
 
 def step(s) -> list[tuple[Sequence, int]]:
     """Plan a step, then do what the runner does: the fed tokens become cached, a completed one samples a token."""
     seqs, lens = s.schedule()
-    for seq, n in zip(seqs, lens):
-        seq.num_cached_tokens += n
-        if seq.num_cached_tokens == len(seq):
-            seq.append_token(7)
-    s.postprocess(seqs)
+    tokens = [7 if seq.num_cached_tokens + n == len(seq) else None for seq, n in zip(seqs, lens)]
+    s.postprocess(seqs, lens, tokens)
     return list(zip(seqs, lens))
 
 
@@ -59,22 +57,22 @@ def test_the_newest_is_preempted_and_requeued_first_and_counted():
     assert step(s) == [(a, 1), (b, 1)]  # position 3 still fits their second blocks
     plan = step(s)  # a needs a third block: b (the newest) gives its blocks back
     assert plan == [(a, 1)] and s.running == [a] and list(s.waiting) == [b]
-    assert b.status.value == "waiting" and b.block_table == [] and b.num_cached_tokens == 0
-    assert (b.num_preemptions, s.num_preemptions, s.block_manager.num_free_blocks) == (1, 1, 1)
+    assert b.status.value == "waiting" and s.block_manager.table(b) == [] and b.num_cached_tokens == 0
+    assert (s.num_preempted, s.block_manager.num_free_blocks) == (1, 1)  # the step reports its preemption
     c = request(1)
     s.add(c)
     assert list(s.waiting) == [b, c]  # the preempted request goes first when memory frees
     a.params.max_tokens = len(a.output_token_ids) + 1  # a ends at the next step and frees its blocks
     assert step(s) == [(a, 1)] and a.is_finished
     assert step(s) == [(b, 5), (c, 1)]  # b recomputes its prompt and the 2 tokens it had sampled; c fits too
+    assert s.num_preempted == 0
     s.running.remove(b)
-    s.preempt(b)  # a second preemption of the same sequence counts again
-    assert (b.num_preemptions, s.num_preemptions, list(s.waiting)) == (2, 2, [b])
-    assert s.block_manager.num_free_blocks == 3
+    preemption.preempt(b, s.waiting, s.block_manager)  # preempted again: back at the front, its blocks freed
+    assert list(s.waiting) == [b] and s.block_manager.num_free_blocks == 3 and b.num_cached_tokens == 0
 
 
 def test_abort_takes_a_request_out_wherever_it_is():
-    s = scheduler(8, 4, max_num_seqs=1)
+    s = scheduler(8, 4, max_num_seqs=1, cls=streaming.Scheduler)
     running, waiting = request(5), request(5)
     s.add(running), s.add(waiting)
     step(s)

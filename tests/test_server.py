@@ -98,7 +98,7 @@ def test_32_concurrent_streaming_clients(tiny_server, tiny_ref):
         return await asyncio.gather(*(one(c, i) for i in range(32)))
 
     assert asyncio.run(main()) == expected
-    assert wait_until(lambda: tiny_server.llm.block_manager.num_used_blocks == 0)
+    assert wait_until(lambda: tiny_server.llm.engine.block_manager.num_used_blocks == 0)
 
 
 def test_client_disconnect_aborts_the_request(tiny_server):
@@ -114,13 +114,13 @@ def test_client_disconnect_aborts_the_request(tiny_server):
             for line in lines:
                 if line.startswith("data: {"):  # the first token exists: the request is running
                     break
-            assert llm.block_manager.num_used_blocks > 0
+            assert llm.engine.block_manager.num_used_blocks > 0
     # the connection is closed: the request must be aborted at the next step
     assert wait_until(lambda: sum(llm.metrics.finished.values()) > sum(finished.values()))
     assert llm.metrics.finished.get("abort", 0) == finished.get("abort", 0) + 1
     assert llm.metrics.finished.get("length", 0) == finished.get("length", 0)
     assert llm.metrics.output_tokens - tokens < 500  # it stopped early
-    assert wait_until(lambda: llm.block_manager.num_used_blocks == 0 and not llm.scheduler.running)
+    assert wait_until(lambda: llm.engine.block_manager.num_used_blocks == 0 and not llm.engine.scheduler.running)
     with httpx.Client(timeout=30) as http:
         values = metric_values(http.get(tiny_server.url + "/metrics").text)
     assert values['stepwise_requests_finished_total{finish_reason="abort"}'] == finished.get("abort", 0) + 1
@@ -216,7 +216,7 @@ def test_models_health_and_metrics(tiny_server):
         text = http.get(tiny_server.url + "/metrics").text
     values = metric_values(text)
     llm = tiny_server.llm
-    assert values["stepwise_kv_blocks_used"] + values["stepwise_kv_blocks_free"] == llm.block_manager.num_blocks
+    assert values["stepwise_kv_blocks_used"] + values["stepwise_kv_blocks_free"] == llm.engine.block_manager.num_blocks
     count = values["stepwise_time_to_first_token_seconds_count"]
     assert count >= 1 and values['stepwise_time_to_first_token_seconds_bucket{le="+Inf"}'] == count
     assert "# TYPE stepwise_inter_token_latency_seconds histogram" in text
@@ -230,7 +230,7 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
 
     def step_then_hold():
         batch = step()
-        s = llm.scheduler
+        s = llm.engine.scheduler
         if not held.is_set() and len(s.running) == 2 and len(s.waiting) == 1 and all(q.output_token_ids
                                                                                     for q in s.running):
             held.set()
@@ -255,14 +255,14 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
         try:
             assert held.wait(60)
             values = metric_values(http.get(s.url + "/metrics").text)
-            running = list(llm.scheduler.running)
+            running = list(llm.engine.scheduler.running)
             # A running sequence holds blocks for every token but the last sampled one (not yet fed).
             used = sum(-(-(len(q) - 1) // 16) for q in running)
         finally:
             release.set()
         for t in threads:
             t.join(60)
-        pool = llm.block_manager.num_blocks
+        pool = llm.engine.block_manager.num_blocks
         assert (values["stepwise_requests_running"], values["stepwise_requests_waiting"]) == (2, 1)
         assert values["stepwise_kv_blocks_used"] == used > 0
         assert values["stepwise_kv_blocks_free"] == pool - used
@@ -270,7 +270,7 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
         assert values["stepwise_prefix_cache_hit_rate"] == 0 and values["stepwise_preemptions"] == 0
         assert not any(k.startswith("stepwise_requests_finished_total") for k in values)
         assert texts == [o.text for o in tiny_ref.generate(prompts, params)]
-        assert wait_until(lambda: llm.block_manager.num_used_blocks == 0)
+        assert wait_until(lambda: llm.engine.block_manager.num_used_blocks == 0)
         after = metric_values(http.get(s.url + "/metrics").text)
     assert (after["stepwise_requests_running"], after["stepwise_requests_waiting"]) == (0, 0)
     assert (after["stepwise_kv_blocks_used"], after["stepwise_kv_blocks_free"]) == (0, pool)

@@ -51,7 +51,7 @@ def test_same_tokens_as_reference(reference, workload, block_size, spare_blocks,
     assert not violations, violations[:3]
     for e, g in zip(expected, got):
         assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)
-    bm = llm.block_manager
+    bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks  # every block back in the pool
     assert all(b.ref_count == 0 for b in bm.blocks)
     # Run again on the warm cache: prefix hits must not change a token either.
@@ -111,7 +111,7 @@ def test_hash_collisions_are_caught_by_comparing_tokens(reference):
     prompts = [list(range(10, 50)), list(range(60, 100))]  # different first blocks
     params = SamplingParams(temperature=0, max_tokens=4)
     llm = paged.LLM("tiny", max_num_seqs=1)
-    llm.block_manager.hash_fn = lambda parent, tokens: b"same"  # every block collides
+    llm.engine.prefix_cache.hash_fn = lambda parent, tokens: b"same"  # every block collides
     got = llm.generate(prompts, params)
     assert llm.stats.prefix_hit_tokens == 0
     assert [g.token_ids for g in got] == [e.token_ids for e in reference.generate(prompts, params)]
@@ -155,23 +155,24 @@ def test_bad_requests_fail_alone(reference):
     assert "whole KV pool holds 64" in outs[1].error and "max_tokens" in outs[2].error
     assert "at most 4 " in outs[2].error and "temperature" in outs[3].error
     assert outs[0].token_ids == reference.generate([[5] * 10], good)[0].token_ids
-    assert llm.block_manager.num_free_blocks == 4
+    assert llm.engine.block_manager.num_free_blocks == 4
 
 
 def test_budget_below_one_block_is_refused():
     with pytest.raises(ValueError, match=r"needs 8,192 bytes"):
-        paged.LLM("tiny", block_size=16, kv_cache_memory="1KiB")
-    with pytest.raises(ValueError, match="not understood"):
+        paged.LLM("tiny", block_size=16, kv_cache_memory=1024)
+    with pytest.raises(ValueError, match="kv_cache_memory"):
         paged.LLM("tiny", kv_cache_memory="lots")
 
 
 def test_memory_budget_units():
+    from common.loader import parse_memory
     import torch
     cpu = torch.device("cpu")
-    assert paged.parse_memory("96MiB", cpu) == 96 * 2**20
-    assert paged.parse_memory("2GB", cpu) == 2 * 10**9
-    assert paged.parse_memory(4096, cpu) == 4096
-    assert 0 < paged.parse_memory("0.5", cpu) < paged.parse_memory("1.0", cpu)
+    assert parse_memory("96MiB", cpu) == 96 * 2**20
+    assert parse_memory("2GB", cpu) == 2 * 10**9
+    assert parse_memory(4096, cpu) == 4096
+    assert 0 < parse_memory("0.5", cpu) < parse_memory("1.0", cpu)
 
 
 def test_real_model_shared_system_prompt():
@@ -183,7 +184,7 @@ def test_real_model_shared_system_prompt():
                for q in ["How do I boil an egg?", "What goes well with basil?", "Is rice gluten free?"]]
     params = [SamplingParams(temperature=0, max_tokens=16), SamplingParams(temperature=0.7, seed=2, max_tokens=16),
               SamplingParams(temperature=0, max_tokens=10)]
-    llm = paged.LLM("smollm2-135m", max_num_seqs=1, block_size=8, kv_cache_memory="4MiB")
+    llm = paged.LLM("smollm2-135m", max_num_seqs=1, block_size=8, kv_cache_memory=4 * 2**20)
     got = llm.generate(prompts, params)
     ids = [ref.tokenizer.encode(p) for p in prompts]
     shared = next(i for i in range(len(ids[0])) if len({tuple(x[:i + 1]) for x in ids}) > 1)
@@ -196,7 +197,7 @@ def test_an_engine_error_mid_run_leaks_no_blocks(reference):
     """A step that raises ends `generate` with the error, but every block goes back: the next call runs normally."""
     llm = paged.LLM("tiny", block_size=4, max_num_seqs=3)
     prompts, params = [[5 + i] * 9 for i in range(3)], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    run, calls = llm.runner.run, []
+    run, calls = llm.engine.runner.run, []
 
     def fails_on_the_third_step(*args):
         calls.append(1)
@@ -204,12 +205,12 @@ def test_an_engine_error_mid_run_leaks_no_blocks(reference):
             raise RuntimeError("device lost")
         return run(*args)
 
-    llm.runner.run = fails_on_the_third_step
+    llm.engine.runner.run = fails_on_the_third_step
     with pytest.raises(RuntimeError, match="device lost"):
         llm.generate(prompts, params)
-    bm = llm.block_manager
+    bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and all(b.ref_count == 0 for b in bm.blocks)
-    llm.runner.run = run
+    llm.engine.runner.run = run
     assert [g.token_ids for g in llm.generate(prompts, params)] == \
         [e.token_ids for e in reference.generate(prompts, params)]
 

@@ -46,8 +46,8 @@ def test_kernel_path_end_to_end_interpreted(monkeypatch):
               SamplingParams(temperature=0, max_tokens=6)]
     exact = kernels.LLM("tiny", dtype="float32", max_num_seqs=2, max_num_batched_tokens=16)
     fused = kernels.LLM("tiny", dtype="float32", max_num_seqs=2, max_num_batched_tokens=16, fused_attention=True)
-    assert exact.model.use_kernels and exact.cache.use_kernels and not exact.cache.fused_attention
-    assert fused.cache.fused_attention
+    assert exact.model.use_kernels and exact.engine.cache.use_kernels and not exact.engine.cache.fused_attention
+    assert fused.engine.cache.fused_attention
     got, got_fused = exact.generate(prompts, params), fused.generate(prompts, params)
     monkeypatch.delenv("STEPWISE_FORCE_KERNELS")
     expected = ReferenceLLM("tiny", dtype="float32").generate(prompts, params)

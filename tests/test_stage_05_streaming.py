@@ -19,7 +19,7 @@ def reference():
 
 
 @pytest.fixture(scope="module")
-def engine():
+def llm():
     llm = streaming.LLM("tiny", max_num_seqs=4)
     yield llm
     llm.shutdown()
@@ -28,7 +28,7 @@ def engine():
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(max_requests=4, max_prompt=60), data=st.data())
-def test_stream_equals_generate_equals_reference(reference, engine, workload, data):
+def test_stream_equals_generate_equals_reference(reference, llm, workload, data):
     prompts, params = workload
     for p, prompt in zip(params, prompts):
         text = reference.generate([prompt], p)[0].text
@@ -42,7 +42,7 @@ def test_stream_equals_generate_equals_reference(reference, engine, workload, da
     results = [None] * len(prompts)
 
     def read(i):
-        chunks = list(engine.stream(prompts[i], params[i]))
+        chunks = list(llm.stream(prompts[i], params[i]))
         results[i] = chunks
 
     threads = [threading.Thread(target=read, args=(i,)) for i in range(len(prompts))]
@@ -50,7 +50,7 @@ def test_stream_equals_generate_equals_reference(reference, engine, workload, da
         t.start()
     for t in threads:
         t.join(120)
-    got = engine.generate(prompts, params)
+    got = llm.generate(prompts, params)
     for e, g, chunks, p in zip(expected, got, results, params):
         streamed_text = "".join(c.text for c in chunks)
         streamed_ids = [t for c in chunks for t in c.token_ids]
@@ -60,10 +60,10 @@ def test_stream_equals_generate_equals_reference(reference, engine, workload, da
         assert g.token_ids == e.token_ids
         assert all(c.finish_reason is None for c in chunks[:-1])
         assert not any(s in streamed_text for s in p.stop)
-    assert wait_until(lambda: engine.block_manager.num_used_blocks == 0)
+    assert wait_until(lambda: llm.engine.block_manager.num_used_blocks == 0)
 
 
-def test_stop_string_spanning_tokens_is_not_emitted(reference, engine):
+def test_stop_string_spanning_tokens_is_not_emitted(reference, llm):
     prompt, base = [40, 41, 42], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     full = reference.generate([prompt], base)[0]
     pieces = [reference.tokenizer.decode([t]) for t in full.token_ids]
@@ -71,7 +71,7 @@ def test_stop_string_spanning_tokens_is_not_emitted(reference, engine):
     k = next(i for i in range(2, len(pieces) - 1) if pieces[i] and pieces[i + 1])
     stop = pieces[k][-1:] + pieces[k + 1][:1]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
-    chunks = list(engine.stream(prompt, params))
+    chunks = list(llm.stream(prompt, params))
     text = "".join(c.text for c in chunks)
     expected = reference.generate([prompt], params)[0]
     assert text == expected.text == full.text[:full.text.find(stop)]
@@ -82,7 +82,7 @@ def test_stop_string_spanning_tokens_is_not_emitted(reference, engine):
     (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), "length"),
     (SamplingParams(temperature=1.0, seed=63, max_tokens=40), "eos"),  # seed found by search: EOS at token 7
 ])
-def test_stop_strings_that_never_match_hold_nothing_back_at_the_end(reference, engine, params, ending):
+def test_stop_strings_that_never_match_hold_nothing_back_at_the_end(reference, llm, params, ending):
     """While a request runs, the tail that could still grow into a stop string is held back; a request that ends
     by length or EOS must flush it, streamed or not."""
     prompt = [40, 41, 42]
@@ -91,11 +91,11 @@ def test_stop_strings_that_never_match_hold_nothing_back_at_the_end(reference, e
     assert ending == "length" or full.token_ids[-1] == reference.config.eos_token_id
     params = replace(params, stop=["qzqz", "#x"])  # holds back the last 3 characters while running
     assert not any(s in full.text for s in params.stop)
-    chunks = list(engine.stream(prompt, params))
+    chunks = list(llm.stream(prompt, params))
     assert "".join(c.text for c in chunks) == full.text
     assert [t for c in chunks for t in c.token_ids] == full.token_ids
     assert chunks[-1].finish_reason == full.finish_reason
-    assert [(o.text, o.token_ids, o.finish_reason) for o in engine.generate([prompt], params)] == \
+    assert [(o.text, o.token_ids, o.finish_reason) for o in llm.generate([prompt], params)] == \
         [(full.text, full.token_ids, full.finish_reason)]
 
 
@@ -117,26 +117,26 @@ def test_utf8_and_leading_spaces_survive_streaming():
         llm.shutdown()
 
 
-def test_a_reader_that_stops_aborts_its_request_and_frees_its_blocks(reference, engine):
+def test_a_reader_that_stops_aborts_its_request_and_frees_its_blocks(reference, llm):
     long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
     other_params = SamplingParams(temperature=0, max_tokens=25, ignore_eos=True)
-    finished = dict(engine.metrics.finished)
-    other = engine.add_request([9, 8, 7], other_params)
-    it = engine.stream([5] * 40, long)
+    finished = dict(llm.metrics.finished)
+    other = llm.add_request([9, 8, 7], other_params)
+    it = llm.stream([5] * 40, long)
     got = [next(it) for _ in range(3)]
     assert all(c.finish_reason is None for c in got)
-    aborted = engine._streams[next(r for r, s in engine._streams.items() if s.seq.num_prompt_tokens == 40)].seq
-    aborts_before = engine.metrics.finished.get("abort", 0)
+    aborted = llm._streams[next(r for r, s in llm._streams.items() if s.seq.num_prompt_tokens == 40)].seq
+    aborts_before = llm.metrics.finished.get("abort", 0)
     it.close()  # the client goes away
-    engine.run_step()  # the next step applies the abort: the request is gone, its blocks are back
-    assert aborted.finish_reason == "abort" and aborted not in engine.scheduler.running
-    assert not aborted.block_table and engine.metrics.finished.get("abort", 0) == aborts_before + 1
+    llm.run_step()  # the next step applies the abort: the request is gone, its blocks are back
+    assert aborted.finish_reason == "abort" and aborted not in llm.engine.scheduler.running
+    assert not llm.engine.block_manager.table(aborted) and llm.metrics.finished.get("abort", 0) == aborts_before + 1
     other_chunks = list(other)  # reading the other request steps the engine on
     assert [t for c in other_chunks for t in c.token_ids] == reference.generate([[9, 8, 7]], other_params)[0].token_ids
     # The long request was aborted (not run to its 400 tokens); the other ran to its length; every block is back.
-    assert engine.metrics.finished.get("abort", 0) == finished.get("abort", 0) + 1
-    assert engine.metrics.finished.get("length", 0) == finished.get("length", 0) + 1
-    assert not engine.scheduler.running and engine.block_manager.num_used_blocks == 0
+    assert llm.metrics.finished.get("abort", 0) == finished.get("abort", 0) + 1
+    assert llm.metrics.finished.get("length", 0) == finished.get("length", 0) + 1
+    assert not llm.engine.scheduler.running and llm.engine.block_manager.num_used_blocks == 0
 
 
 def test_a_request_aborted_while_queued_never_runs(reference):
@@ -146,7 +146,7 @@ def test_a_request_aborted_while_queued_never_runs(reference):
         first = llm.add_request([9, 8, 7], long)
         queued = llm.add_request([5, 6], SamplingParams(temperature=0, max_tokens=5))
         llm.run_step()  # the first runs; the second waits for the only slot
-        assert llm.scheduler.running and len(llm.scheduler.waiting) == 1
+        assert llm.engine.scheduler.running and len(llm.engine.scheduler.waiting) == 1
         llm.abort(queued.request_id)  # the client gives up while its request waits for a slot
         llm.run_step()
         assert queued.done.is_set()
@@ -158,9 +158,9 @@ def test_a_request_aborted_while_queued_never_runs(reference):
         llm.shutdown()
 
 
-def test_latency_metrics(reference, engine):
+def test_latency_metrics(reference, llm):
     params = SamplingParams(temperature=0.9, seed=1, max_tokens=12, ignore_eos=True)
-    chunks = list(engine.stream([3, 4, 5], params))
+    chunks = list(llm.stream([3, 4, 5], params))
     assert [t for c in chunks for t in c.token_ids] == reference.generate([[3, 4, 5]], params)[0].token_ids
     m = chunks[-1].metrics
     assert len(m.token_times) == 12
@@ -171,14 +171,14 @@ def test_latency_metrics(reference, engine):
     assert m.first_token_time == m.token_times[0] and m.finished_time >= m.token_times[-1]
 
 
-def test_requests_join_while_others_run(reference, engine):
+def test_requests_join_while_others_run(reference, llm):
     prompts = [[11 + i] * (3 + 5 * i) for i in range(5)]
     params = SamplingParams(temperature=0.8, seed=7, max_tokens=20, ignore_eos=True)
     outputs = [None] * 5
 
     def client(i):
         time.sleep(0.05 * i)  # arrive one after another, mid-run
-        outputs[i] = [t for c in engine.stream(prompts[i], params) for t in c.token_ids]
+        outputs[i] = [t for c in llm.stream(prompts[i], params) for t in c.token_ids]
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(5)]
     for t in threads:
@@ -188,13 +188,13 @@ def test_requests_join_while_others_run(reference, engine):
     assert outputs == [e.token_ids for e in reference.generate(prompts, params)]
 
 
-def test_bad_request_fails_alone_at_submission(reference, engine):
+def test_bad_request_fails_alone_at_submission(reference, llm):
     with pytest.raises(ValueError, match="temperature"):
-        engine.add_request([5, 6], {"temperature": -2})
+        llm.add_request([5, 6], {"temperature": -2})
     with pytest.raises(ValueError, match="max_model_len"):
-        engine.add_request([5] * 5000, SamplingParams())
+        llm.add_request([5] * 5000, SamplingParams())
     params = SamplingParams(temperature=1.0, seed=2, max_tokens=3, ignore_eos=True)
-    chunks = list(engine.stream([5, 6], params))
+    chunks = list(llm.stream([5, 6], params))
     assert [t for c in chunks for t in c.token_ids] == reference.generate([[5, 6]], params)[0].token_ids
 
 
@@ -260,3 +260,31 @@ def test_shutdown_waits_for_the_loop_and_a_later_request_starts_a_new_one(refere
         thread = llm._thread
         llm.shutdown()
         assert not thread.is_alive() and llm.loops_started == loop
+
+
+def test_shutdown_ends_the_requests_in_flight(reference):
+    """A reader waiting on a request when the engine shuts down gets a final "abort" chunk saying why, instead of
+    waiting forever for tokens nobody will compute; every block goes back."""
+    llm = streaming.LLM("tiny", max_num_seqs=2)
+    llm.start_background_loop()
+    stream = llm.add_request([4, 5], SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True))
+    first = next(iter(stream))
+    assert first.finish_reason is None
+    llm.shutdown()
+    rest = list(stream)
+    assert rest[-1].finish_reason == "abort" and "shut down" in rest[-1].error
+    assert len([t for c in [first, *rest] for t in c.token_ids]) < 2000
+    assert llm.engine.block_manager.num_used_blocks == 0 and not llm.engine.has_work()
+
+
+def test_an_error_while_applying_the_inbox_fails_in_flight_requests_and_the_loop_goes_on(reference, monkeypatch):
+    llm = streaming.LLM("tiny", max_num_seqs=2)
+    add = llm.engine.add
+    monkeypatch.setattr(llm.engine, "add", lambda seq: (_ for _ in ()).throw(RuntimeError("boom")))
+    chunks = list(llm.stream([4, 5], SamplingParams(temperature=0, max_tokens=5)))
+    assert chunks[-1].finish_reason == "error" and "boom" in chunks[-1].error
+    monkeypatch.setattr(llm.engine, "add", add)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    assert [o.token_ids for o in llm.generate([[4, 5]], params)] == \
+        [o.token_ids for o in reference.generate([[4, 5]], params)]
+    llm.shutdown()

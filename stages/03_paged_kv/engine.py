@@ -13,7 +13,8 @@ from common.llm import LLM as FrontEnd
 from common.model import Llama
 from common.runner import ModelRunner
 from common.sequence import Sequence
-from common.validate import InvalidParam, check_bool, check_int
+from common.loader import parse_memory
+from common.validate import InvalidParam, check_bool, check_int, clip
 
 from .block_manager import BlockManager
 from .paged_cache import PagedKVCache
@@ -26,7 +27,7 @@ class LLMEngine:
     paged = True  # takes a KV memory budget in blocks (the command lines' --kv-memory)
 
     def __init__(self, model: Llama, *, max_model_len: int, max_num_seqs: int, block_size: int = 16,
-                 kv_cache_memory_bytes: int | None = None, max_num_batched_tokens: int = 512,
+                 kv_cache_memory: str | int | float | None = None, max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  enable_preemption: bool = True):
         check_int("block_size", block_size, 1)  # 16 is the usual choice
@@ -39,18 +40,21 @@ class LLMEngine:
                                f">= max_num_seqs={max_num_seqs}, or some running requests could never decode")
         c = model.config
         per_block = block_size * c.kv_bytes_per_token(model.dtype.itemsize)
-        if kv_cache_memory_bytes is None:  # default: what stage 02 reserves for max_num_seqs slots of max_model_len
-            kv_cache_memory_bytes = max_num_seqs * max_model_len * per_block // block_size
-        check_int("kv_cache_memory_bytes", kv_cache_memory_bytes, 1)
-        if kv_cache_memory_bytes < per_block:
-            raise InvalidParam("kv_cache_memory_bytes", f"a KV budget of {kv_cache_memory_bytes:,} bytes holds no "
-                               f"block: one block of {block_size} tokens needs {per_block:,} bytes; raise "
-                               f"kv_cache_memory_bytes to at least that")
+        try:  # bytes, "48MiB", "2GB", or a fraction of free memory like 0.5
+            budget = parse_memory(kv_cache_memory, model.device)
+        except (ValueError, TypeError) as e:
+            raise InvalidParam("kv_cache_memory", f"kv_cache_memory={clip(kv_cache_memory)} is invalid: {e}") from None
+        if budget is None:  # default: what stage 02 reserves for max_num_seqs slots of max_model_len
+            budget = max_num_seqs * max_model_len * per_block // block_size
+        check_int("kv_cache_memory", budget, 1)
+        if budget < per_block:
+            raise InvalidParam("kv_cache_memory", f"a KV budget of {budget:,} bytes holds no block: one block of "
+                               f"{block_size} tokens needs {per_block:,} bytes; raise kv_cache_memory to at least that")
         self.model, self.max_model_len, self.block_size = model, max_model_len, block_size
-        self.kv_cache_memory_bytes, self.max_num_batched_tokens = kv_cache_memory_bytes, max_num_batched_tokens
+        self.kv_cache_memory_bytes, self.max_num_batched_tokens = budget, max_num_batched_tokens
         self.chunked_prefill = enable_chunked_prefill
         self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
-        self.block_manager = BlockManager(kv_cache_memory_bytes // per_block, block_size, self.prefix_cache)
+        self.block_manager = BlockManager(budget // per_block, block_size, self.prefix_cache)
         self.scheduler = self.scheduler_class(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                               self.prefix_cache, enable_chunked_prefill, enable_preemption,
                                               max_model_len)
@@ -68,12 +72,12 @@ class LLMEngine:
         if n > cap:
             raise InvalidParam("prompt", f"the prompt has {n} tokens but the whole KV pool holds {cap} "
                                f"({self.block_manager.num_blocks} blocks of {self.block_size}): shorten the prompt or "
-                               f"raise kv_cache_memory_bytes")
+                               f"raise kv_cache_memory")
         need = min(n + seq.params.max_tokens, self.max_model_len)
         if need > cap:
             raise InvalidParam("max_tokens", f"the prompt ({n} tokens) plus max_tokens ({seq.params.max_tokens}) can "
                                f"need {need} tokens of KV but the whole pool holds {cap}: lower max_tokens to at most "
-                               f"{cap - n} or raise kv_cache_memory_bytes")
+                               f"{cap - n} or raise kv_cache_memory")
         if not self.chunked_prefill and n > self.max_num_batched_tokens:
             raise InvalidParam("prompt", f"the prompt has {n} tokens but without chunked prefill a step holds at most "
                                f"max_num_batched_tokens={self.max_num_batched_tokens}: raise it or enable chunked "

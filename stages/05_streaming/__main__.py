@@ -8,7 +8,6 @@ import os
 from rich.console import Console
 
 from common.cli import device_arg
-from common.loader import parse_memory
 from common.validate import InvalidParam
 
 from .engine import LLM
@@ -50,7 +49,7 @@ def main(argv=None) -> None:
 def run(args: argparse.Namespace) -> None:
     llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
               max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_model_len, kv_cache_memory_bytes=parse_memory(args.kv_memory, args.device),
+              max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
               max_waiting=args.max_waiting)
     console = Console()
     console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}")

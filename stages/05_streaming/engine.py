@@ -172,19 +172,24 @@ class LLM(FrontEnd):
                 self.loops_started += 1
 
     def shutdown(self) -> None:
+        """Stop a background loop, then end every request still in flight (its reader gets a final "abort" chunk
+        saying why, instead of waiting for tokens nobody will compute)."""
         with self._start_lock:
             self._stop.set()
             self._wakeup.set()
             if self._thread is not None:
                 self._thread.join(timeout=30)
                 self._thread = None
+        with self._stepping:
+            self._apply_inbox()
+            self._fail_all("the engine shut down before this request finished", reason="abort")
 
     def run_step(self) -> bool:
         """Apply the inbox, run one engine step, publish what it produced; False when there was nothing to run."""
-        self._apply_inbox()
-        if not self.engine.has_work():
-            return False
         try:
+            self._apply_inbox()
+            if not self.engine.has_work():
+                return False
             step = self.engine.step()
         except Exception as e:  # noqa: BLE001 - fail the requests in flight, keep serving
             traceback.print_exc()
@@ -241,13 +246,13 @@ class LLM(FrontEnd):
         elif text or ids:
             stream.put(StreamChunk(text, ids))
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, reason: str = "error") -> None:
         for stream in list(self._streams.values()):
             self.engine.scheduler.abort(stream.seq)
-            stream.seq.finish_reason = "error"
+            stream.seq.finish_reason = reason
             self.metrics.observe(stream.seq)
             self._forget(stream)
-            stream.put(StreamChunk("", [], "error", stream.seq.metrics, error=message))
+            stream.put(StreamChunk("", [], reason, stream.seq.metrics, error=message))
 
     def _forget(self, stream: RequestStream) -> None:
         del self._streams[stream.request_id]
