@@ -11,6 +11,7 @@ from common.cli import STAGE_NAMES, make_llm
 from common.paths import resolve_model
 
 ladder = importlib.import_module("stages.__main__")
+runs = importlib.import_module("stages.bench.runs")  # where the ladder builds each stage's engine
 
 
 def continuous_steps(lengths: list[int], slots: int) -> int:
@@ -39,12 +40,12 @@ def test_ladder_figures_are_the_engines_counters(tmp_path, monkeypatch, capsys):
         built[STAGE_NAMES[module]] = llm
         return llm
 
-    monkeypatch.setattr(ladder, "make_llm", spy)
+    monkeypatch.setattr(runs, "make_llm", spy)
     monkeypatch.setenv("COLUMNS", "200")  # the table's full width
     out = tmp_path / "bench.json"
     result = ladder.main(["--model", "tiny", "--workload", "random", "--num-requests", "6", "--max-tokens", "12",
                           "--prompt-range", "4,40", "--max-num-seqs", "4", "--stages", "01,02,03,05", "--no-hf",
-                          "--no-llama-cpp", "--json", str(out)])
+                          "--no-llama-cpp", "--no-plain", "--json", str(out)])
     assert "same tokens as first stage" in capsys.readouterr().out
     assert json.loads(out.read_text())["engines"] == json.loads(json.dumps(result["engines"], default=str))
     engines = result["engines"]
@@ -83,7 +84,7 @@ def test_ladder_figures_are_the_engines_counters(tmp_path, monkeypatch, capsys):
         weights, per_token = llm.model.weight_bytes, llm.config.kv_bytes_per_token(llm.dtype.itemsize)
         kv_read = sum(len(p) + n / 2 for p, n in zip(prompts, lengths)) * per_token
         assert r["bandwidth use"] == pytest.approx(
-            (st.steps * weights + kv_read) / st.wall_seconds / result["bandwidth_bytes_per_s"])
+            (st.steps * weights + kv_read) / st.wall_seconds / result["read_bandwidth_bytes_per_s"])
         assert r["compute use"] == pytest.approx(
             2 * weights / llm.dtype.itemsize * (sum(map(len, prompts)) + sum(lengths) - 6) / st.wall_seconds
             / result["matmul_flops"])
