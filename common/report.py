@@ -34,7 +34,8 @@ def summary_row(stats: EngineStats, outputs: list[RequestOutput], max_num_seqs: 
         "slot util": stats.slot_utilization, "KV reserved MB": stats.kv_bytes_reserved / 1e6,
         "KV used MB": stats.kv_bytes_used / 1e6, "KV waste": stats.kv_waste,
         "preemptions": stats.preemptions, "prefix hit rate": stats.prefix_hit_rate,
-        "TTFT p50 s": percentile(ttft, 50), "TTFT p99 s": percentile(ttft, 99), "TPOT p50 ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
+        "TTFT p50 s": percentile(ttft, 50), "TTFT p99 s": percentile(ttft, 99),
+        "TPOT p50 ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
     }
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
