@@ -92,7 +92,8 @@ def poll(condition, timeout: float, period: float = 0.5) -> bool:
 
 def metrics(s) -> dict[str, float]:
     text = httpx.get(s.url + "/metrics", timeout=30).text
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and line[0] != "#"}
+    samples = [line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#"]
+    return {name: float(value) for name, value in samples}
 
 
 def prompt(i: int) -> list[dict]:
@@ -175,6 +176,48 @@ def test_bad_input_gets_the_same_errors_as_the_single_process_server(two):
 
 
 @needs_ray
+def test_a_client_that_leaves_mid_stream_frees_its_replicas_blocks(two):
+    body = {"model": REAL, "messages": prompt(0), "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", two.url + "/v1/chat/completions", json=body) as r:
+            replica, lines = r.headers["x-stepwise-replica"], r.iter_lines()  # (a dropped iterator closes r)
+            next(line for line in lines if line.startswith("data: {"))  # running: 2,000 tokens to go
+            assert metrics(two)[f'stepwise_replica_requests_running{{replica="{replica}"}}'] == 1
+    # the connection is closed: the gateway cancels the call, the replica aborts the request at its next step
+    handle, states = two.llm.unary_handle, {}
+
+    def replica_idle():
+        state = handle.engine_state.remote().result()  # the router picks a replica: ask until both answered
+        states[state.pop("replica")] = state
+        return states.get(replica) == {"waiting": 0, "running": 0, "kv_blocks_used": 0}
+
+    assert poll(replica_idle, 15, period=0.2), states
+    assert metrics(two)[f'stepwise_replica_requests_running{{replica="{replica}"}}'] == 0
+
+
+@needs_ray
+def test_a_shutdown_ends_open_streams_with_an_error_event_and_frees_their_blocks(two):
+    """The gateway's graceful shutdown (SIGTERM in `cluster`) at its deadline aborts what still runs on replicas."""
+    with Server(two.llm, REAL) as gateway, httpx.Client(timeout=60) as http:
+        body = {"model": REAL, "messages": prompt(1), "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with http.stream("POST", gateway.url + "/v1/chat/completions", json=body) as r:
+            replica, lines = r.headers["x-stepwise-replica"], r.iter_lines()
+            next(line for line in lines if line.startswith("data: {"))
+            gateway.server.config.app.state.drain.begin(0.0)  # what the first SIGTERM does, with no grace
+            rest = [line[6:] for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["message"].startswith("the server is shutting")
+        assert http.post(gateway.url + "/v1/chat/completions", json=body | {"stream": False}).status_code == 503
+    handle, states = two.llm.unary_handle, {}
+
+    def replica_idle():
+        state = handle.engine_state.remote().result()
+        states[state.pop("replica")] = state
+        return states.get(replica) == {"waiting": 0, "running": 0, "kv_blocks_used": 0}
+
+    assert poll(replica_idle, 15, period=0.2), states
+
+
+@needs_ray
 def test_a_replica_killed_mid_load_fails_its_requests_cleanly_and_is_replaced(two, real_ref):
     n, tokens = 6, 24
     want = real_ref.generate([real_ref.tokenizer.apply_chat_template(prompt(i)) for i in range(n)],
@@ -192,7 +235,8 @@ def test_a_replica_killed_mid_load_fails_its_requests_cleanly_and_is_replaced(tw
                     events.append(line[6:])
                     if not killed:
                         replica = r.headers["x-stepwise-replica"]
-                        info = next(k for k in metrics(two) if k.startswith(f'stepwise_replica_info{{replica="{replica}"'))
+                        info = next(k for k in metrics(two)
+                                    if k.startswith(f'stepwise_replica_info{{replica="{replica}"'))
                         killed.update(replica=replica, pid=int(info.split('pid="')[1].split('"')[0]))
                         os.kill(killed["pid"], signal.SIGKILL)
         data = [json.loads(e) if e != "[DONE]" else e for e in events]

@@ -156,8 +156,8 @@ def run_cluster(args, console: Console) -> None:
         d = engine.description
         scale = (f"{config.min_replicas or 1}..{config.max_replicas} replicas (autoscaling)" if config.autoscaling
                  else f"{config.replicas} replica(s)")
-        console.print(f"[bold]cluster:[/] {scale} of stage 05, max_num_seqs={d['max_num_seqs']} each, on {d['device']}; "
-                      f"gateway on http://{args.host}:{args.port}")
+        console.print(f"[bold]cluster:[/] {scale} of stage 05, max_num_seqs={d['max_num_seqs']} each, "
+                      f"on {d['device']}; gateway on http://{args.host}:{args.port}")
         threading.Thread(target=watch_replicas, args=(engine, console, stop), daemon=True).start()
         origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
         serve_http(engine, args.host, args.port, args.served_model_name or args.model,

@@ -84,7 +84,8 @@ class GatewayMetrics:
                [(f'{{replica="{r}",node="{s.info["node"]}",pid="{s.info["pid"]}"}}', 1) for r, s in reps])
         family("stepwise_replica_requests_waiting", "gauge", "Requests in a replica with no token yet",
                per(lambda s: s.waiting))
-        family("stepwise_replica_requests_running", "gauge", "Requests a replica is streaming", per(lambda s: s.running))
+        family("stepwise_replica_requests_running", "gauge", "Requests a replica is streaming",
+               per(lambda s: s.running))
         family("stepwise_replica_requests_total", "counter", "Requests a replica took", per(lambda s: s.requests))
         family("stepwise_replica_requests_failed_total", "counter", "Requests that ended with an error (a replica "
                "that died, an engine error)", per(lambda s: s.failed))
@@ -93,7 +94,8 @@ class GatewayMetrics:
         family("stepwise_replica_output_tokens_per_second", "gauge", f"Output tokens/s over the last "
                f"{self.window:g} s", per(self.tokens_per_s))
         name = "stepwise_time_to_first_token_seconds"
-        lines.extend([f"# HELP {name} Arrival at the gateway to the first token, by replica", f"# TYPE {name} histogram"])
+        lines.extend([f"# HELP {name} Arrival at the gateway to the first token, by replica",
+                      f"# TYPE {name} histogram"])
         for r, s in reps:
             cumulative = 0
             for bound, n in zip(s.ttft.buckets + ["+Inf"], s.ttft.counts):
