@@ -43,7 +43,7 @@ def main(argv=None) -> None:
     ap.add_argument("--url", default=None, help="load: a running server to load (default: start one here)")
     cluster = ap.add_argument_group("cluster (Ray Serve)")
     cluster.add_argument("--address", default=None,
-                         help="an existing Ray cluster ('auto' on one of its nodes, or HEAD_IP:6379); default: "
+                         help="an existing Ray cluster (HEAD_IP:6379, or 'auto' on one of its nodes); default: "
                               "start Ray on this machine, bound to loopback")
     cluster.add_argument("--replicas", type=int, default=1, help="a fixed number of engine replicas")
     cluster.add_argument("--min-replicas", type=int, default=None, help="autoscale from this many replicas...")
