@@ -29,11 +29,12 @@ class RemoteStream:
     """One request on a replica: what the server reads, like a local `RequestStream`."""
 
     def __init__(self, request_id: str, gen, replica: str, metrics: GatewayMetrics, arrival: float, on_close):
-        self.request_id, self.gen, self.metrics, self.arrival, self.on_close = request_id, gen, metrics, arrival, on_close
+        self.request_id, self.gen, self.metrics, self.arrival = request_id, gen, metrics, arrival
+        self.on_close = on_close
         self.stats: ReplicaStats = metrics.replicas[replica]
         self.headers = {"X-Stepwise-Replica": replica}
         self.done = asyncio.Event()
-        self.started = False
+        self.started = self.aborted = False
 
     async def __aiter__(self):
         try:
@@ -50,7 +51,8 @@ class RemoteStream:
                     return
             raise RuntimeError("the replica's stream ended without a finish reason")
         except (RayError, RuntimeError) as e:
-            if self.done.is_set():  # cancelled (aborted) by the server: nobody reads on
+            if self.aborted:  # by the server (a client that left, or a shutdown): end like a local abort
+                yield StreamChunk("", [], "abort")
                 return
             self.close(failed=True)
             yield StreamChunk("", [], "error", error=f"the replica serving this request failed "
@@ -64,7 +66,8 @@ class RemoteStream:
 
     def abort(self) -> None:
         if not self.done.is_set():
-            self.gen.cancel()
+            self.aborted = True
+            self.gen.cancel()  # the replica's call is cancelled: it aborts the request in its engine
             self.close()
 
 
@@ -74,6 +77,7 @@ class RemoteEngine:
     def __init__(self, handle, model: str, app_name: str, deployment: str = "EngineReplica"):
         from common.paths import resolve_model
         self.handle, self.app_name, self.deployment = handle.options(stream=True), app_name, deployment
+        self.unary_handle = handle
         self.tokenizer = Tokenizer(resolve_model(model))
         self.description = handle.describe.remote().result()  # one replica's; they are configured alike
         self.max_model_len = self.description["max_model_len"]
@@ -86,6 +90,9 @@ class RemoteEngine:
         self.gateway_metrics.pending += 1
         try:
             first = await gen.__anext__()
+        except asyncio.CancelledError:  # the handler was cancelled (a shutdown): no replica works for nobody
+            gen.cancel()
+            raise
         except BackPressureError as e:
             raise QueueFull(f"{e}: every replica is busy and the router's queue is full; retry shortly") from None
         except RayError as e:

@@ -32,6 +32,12 @@ class EngineReplica:
         return self.where | {"max_model_len": self.llm.max_model_len, "max_num_seqs": self.llm.max_num_seqs,
                              "device": str(self.llm.device)}
 
+    def engine_state(self) -> dict:
+        """This replica's engine right now (for tests and operators: requests in it, KV blocks held)."""
+        llm = self.llm
+        return {"replica": self.where["replica"], "waiting": llm.num_waiting, "running": len(llm.scheduler.running),
+                "kv_blocks_used": llm.block_manager.num_used_blocks}
+
     async def generate(self, prompt_ids: list[int], params: dict):
         try:
             stream = self.llm.add_request(prompt_ids, params, loop=asyncio.get_running_loop())
