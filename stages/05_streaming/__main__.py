@@ -1,7 +1,9 @@
-"""python -m stages.05_streaming [demo | serve --host H --port P [--api-key K] | load --clients N]
+"""python -m stages.05_streaming [demo | serve --host H --port P [--api-key K] | load --clients N [--url U] |
+cluster --replicas N (or --min-replicas A --max-replicas B) [--address RAY]]
 
 demo: chat requests streaming side by side; serve: the OpenAI-compatible server;
-load: N concurrent streaming clients against the server, with TTFT/TPOT percentiles."""
+load: N concurrent streaming clients against the server (or the one at --url), with TTFT/TPOT percentiles;
+cluster: the same server in front of engine replicas on Ray Serve (needs the extra: pip install -e '.[cluster]')."""
 import argparse
 import os
 
@@ -16,7 +18,7 @@ from .guards import DEFAULT_MAX_BODY_BYTES
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("command", nargs="?", default="demo", choices=["demo", "serve", "load"])
+    ap.add_argument("command", nargs="?", default="demo", choices=["demo", "serve", "load", "cluster"])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
@@ -24,7 +26,8 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=None,
+                    help="running requests per engine (default 16; cluster: calibrated from --tpot-target-ms)")
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--kv-memory", default=None, help="KV budget: '256MiB', bytes, or a fraction of free memory")
     ap.add_argument("--max-waiting", type=int, default=256, help="queue length past which requests get 503")
@@ -39,6 +42,23 @@ def main(argv=None) -> None:
     ap.add_argument("--max-tokens", type=int, default=96, help="demo and load: tokens per answer")
     ap.add_argument("--clients", type=int, default=16, help="load: concurrent streaming clients")
     ap.add_argument("--num-requests", type=int, default=64, help="load: requests in all")
+    ap.add_argument("--url", default=None, help="load: a running server to load (default: start one here)")
+    cluster = ap.add_argument_group("cluster (Ray Serve)")
+    cluster.add_argument("--address", default=None,
+                         help="an existing Ray cluster (HEAD_IP:6379, or 'auto' on one of its nodes); default: "
+                              "start Ray on this machine, bound to loopback")
+    cluster.add_argument("--replicas", type=int, default=1, help="a fixed number of engine replicas")
+    cluster.add_argument("--min-replicas", type=int, default=None, help="autoscale from this many replicas...")
+    cluster.add_argument("--max-replicas", type=int, default=None, help="...up to this many")
+    cluster.add_argument("--target-ongoing-requests", type=float, default=None,
+                         help="autoscaling aims at this many requests per replica (default: its max_num_seqs)")
+    cluster.add_argument("--tpot-target-ms", type=float, default=100.0,
+                         help="per-token latency target: each replica's max_num_seqs is the largest batch that "
+                              "meets it, measured at start-up (unless --max-num-seqs is given)")
+    cluster.add_argument("--torch-threads", type=int, default=1, help="torch threads per replica")
+    cluster.add_argument("--cpus-per-replica", type=float, default=1.0, help="Ray CPUs each replica reserves")
+    cluster.add_argument("--upscale-delay-s", type=float, default=5.0, help="sustained load before adding a replica")
+    cluster.add_argument("--downscale-delay-s", type=float, default=30.0, help="idle time before removing one")
     args = ap.parse_args(argv)
     try:
         run(args)
@@ -47,11 +67,19 @@ def main(argv=None) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
-              max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
-              max_waiting=args.max_waiting)
     console = Console()
+    if args.command == "cluster":
+        from .cluster import run_cluster
+        return run_cluster(args, console)
+    if args.command == "load" and args.url:
+        from .load import load_url
+        load_url(args.url, args.served_model_name or args.model, args.clients, args.num_requests, args.max_tokens,
+                 console)
+        return
+    args.max_num_seqs = args.max_num_seqs or 16
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
+              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
+              max_waiting=args.max_waiting)
     console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}")
     try:
         if args.command == "serve":

@@ -59,7 +59,6 @@ async def run_clients(url: str, model: str, clients: int, num_requests: int, max
 
 def load_run(llm: LLM, model: str, clients: int = 16, num_requests: int = 64, max_tokens: int = 64,
              console: Console | None = None) -> dict:
-    console = console or Console()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -71,17 +70,24 @@ def load_run(llm: LLM, model: str, clients: int = 16, num_requests: int = 64, ma
             threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
             while not server.started:
                 time.sleep(0.05)
-            start = time.perf_counter()
-            out["results"] = asyncio.run(run_clients(url, model, clients, num_requests, max_tokens))
-            out["wall"] = time.perf_counter() - start
+            out["figures"] = load_url(url, model, clients, num_requests, max_tokens, console)
             server.should_exit = True
         finally:
             done.set()
 
     llm.run_forever(done, on_start=threading.Thread(target=clients_run, name="clients", daemon=True).start)
-    if "results" not in out:
+    if "figures" not in out:
         raise RuntimeError("the load run failed; see the error above")
-    results, wall = out["results"], out["wall"]
+    return out["figures"]
+
+
+def load_url(url: str, model: str, clients: int = 16, num_requests: int = 64, max_tokens: int = 64,
+             console: Console | None = None) -> dict:
+    """The load run against the server at ``url`` (`serve` or `cluster`)."""
+    console = console or Console()
+    start = time.perf_counter()
+    results = asyncio.run(run_clients(url, model, clients, num_requests, max_tokens))
+    wall = time.perf_counter() - start
     ttft = [r["ttft"] for r in results]
     tpot = [r["tpot"] for r in results if r["tpot"] is not None]
     tokens = sum(r["tokens"] for r in results)

@@ -19,9 +19,9 @@ class ClosingStream(StreamingResponse):
     """Server-sent events that call ``on_close`` however they end: finished, the client gone (even before the
     first event, when the generator never started), or cancelled; the request then leaves the engine."""
 
-    def __init__(self, content, on_close):
+    def __init__(self, content, on_close, headers: dict | None = None):
         super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"} | (headers or {}))
         self.on_close = on_close
 
     async def __call__(self, scope, receive, send):

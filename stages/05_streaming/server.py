@@ -6,6 +6,8 @@ POST /v1/completions and /v1/chat/completions, with or without ``"stream": true`
 request gets a 4xx naming the field (`protocol`), a full queue or a shutdown 503, an
 unexpected exception 500 (on a stream: an error event, then ``[DONE]``). A request
 whose client goes away, streaming or not, is aborted: its blocks return at the next step.
+The engine is an `LLM` in this process or anything with `backend.LocalEngine`'s methods
+(the cluster's gateway to replicas on Ray Serve).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from common.validate import clip
 
+from .backend import LocalEngine
 from .engine import LLM, QueueFull, RequestStream
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers, internal_error, log
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
@@ -27,9 +30,10 @@ from .responses import ClosingStream, choice, ended_early, sse
 from .shutdown import Drain, serve  # noqa: F401 - `serve` is this module's entry point
 
 
-def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | None = None, docs: bool = False,
+def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = None, docs: bool = False,
                allowed_origins: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    guards, drain = Guards(api_key, allowed_origins, max_body_bytes), Drain(llm)
+    engine = LocalEngine(llm) if isinstance(llm, LLM) else llm
+    guards, drain = Guards(api_key, allowed_origins, max_body_bytes), Drain(engine)
     app = FastAPI(title="stepwise", version="0.1.0", lifespan=drain.lifespan,
                   dependencies=[Depends(guards.check_origin)], docs_url="/docs" if docs else None, redoc_url=None,
                   openapi_url="/openapi.json" if docs else None)
@@ -48,11 +52,11 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | Non
                            "model", code="model_not_found")
         return req
 
-    def submit(ids: list[int], params) -> RequestStream:
+    async def submit(ids: list[int], params) -> RequestStream:
         if drain.closing:
             raise APIError(503, "the server is shutting down", kind="server_overloaded")
         try:
-            stream = llm.add_request(ids, params, loop=asyncio.get_running_loop())
+            stream = await engine.submit(ids, params)
         except QueueFull as e:
             raise APIError(503, str(e), kind="server_overloaded") from None
         except ValueError as e:
@@ -61,19 +65,21 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | Non
         return stream
 
     async def respond(request: Request, req, ids: list[int], chat: bool):
-        stream = submit(ids, sampling_params(req, chat, len(ids), llm.max_model_len))
+        stream = await submit(ids, sampling_params(req, chat, len(ids), engine.max_model_len))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": model_name}
 
         def usage(completion_tokens: int) -> dict:
-            n = stream.seq.num_prompt_tokens
+            n = len(ids)
             return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
 
+        headers = getattr(stream, "headers", {})  # the cluster names the replica that serves the request
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
             return ClosingStream(events(stream, head | {"object": head["object"] + ".chunk" * chat}, chat,
-                                        usage if include_usage else None), on_close=lambda: finish(stream))
+                                        usage if include_usage else None), on_close=lambda: finish(stream),
+                                 headers=headers)
         chunks = await collect(request, stream)
         if chunks is None:  # the client went away; nobody reads this
             return Response(status_code=499)
@@ -82,7 +88,7 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | Non
             raise ended_early(last)
         c = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
               "finish_reason": last.finish_reason} if chat else choice(chat, text, last.finish_reason))
-        return head | {"choices": [c], "usage": usage(tokens)}
+        return JSONResponse(head | {"choices": [c], "usage": usage(tokens)}, headers=headers)
 
     async def events(stream: RequestStream, head: dict, chat: bool, usage):
         first, tokens = True, 0
@@ -126,44 +132,35 @@ def create_app(llm: LLM, model_name: str = "smollm2-135m", *, api_key: str | Non
     def finish(stream: RequestStream) -> None:
         """The request is answered or its client gone: if it still runs, abort it (its blocks return next step)."""
         if not stream.done.is_set():
-            llm.abort(stream.request_id)
+            engine.abort(stream.request_id)
         drain.active.discard(stream.request_id)
 
     @v1.post("/completions")
     async def completions(request: Request):
         req = await read(request, CompletionRequest)
-        ids = req.prompt if isinstance(req.prompt, list) else llm.tokenizer.encode(req.prompt)
+        ids = req.prompt if isinstance(req.prompt, list) else engine.tokenizer.encode(req.prompt)
         return await respond(request, req, ids, chat=False)
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
         req = await read(request, ChatCompletionRequest)
-        ids = llm.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in req.messages])
+        ids = engine.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in req.messages])
         return await respond(request, req, ids, chat=True)
 
     @v1.get("/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "stepwise", "max_model_len": llm.max_model_len}]}
+                                            "owned_by": "stepwise", "max_model_len": engine.max_model_len}]}
 
     @app.get("/health")
     async def health():
-        status = "engine stopped" if not llm.is_alive() else "shutting down" if drain.closing else "ok"
-        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
+        status, details = await engine.health()
+        status = "shutting down" if drain.closing and status in ("ok", "degraded") else status
+        return JSONResponse({"status": status} | details, status_code=200 if status in ("ok", "degraded") else 503)
 
     @app.get("/metrics")
     async def metrics():
-        g = llm.gauges()
-        gauges = {
-            "stepwise_requests_waiting": (llm.num_waiting, "Requests waiting"),
-            "stepwise_requests_running": (g["running"], "Requests running"),
-            "stepwise_kv_blocks_used": (g["kv_blocks_used"], "KV blocks held by requests"),
-            "stepwise_kv_blocks_free": (g["kv_blocks_free"], "KV blocks free (cached ones included)"),
-            "stepwise_kv_cache_usage_ratio": (g["kv_blocks_used"] / g["kv_blocks"], "Share of KV blocks in use"),
-            "stepwise_prefix_cache_hit_rate": (g["prefix_hit_rate"], "Prompt tokens found in the prefix cache / looked up"),
-            "stepwise_preemptions": (g["preemptions"], "Preemptions since the server started"),
-        }
-        return PlainTextResponse(llm.metrics.render(gauges), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(await engine.metrics(), media_type="text/plain; version=0.0.4")
 
     app.include_router(v1)
     return app

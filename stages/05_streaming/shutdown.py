@@ -25,8 +25,8 @@ from .engine import LLM
 class Drain:
     """The requests in flight, and their shutdown."""
 
-    def __init__(self, llm: LLM):
-        self.llm = llm
+    def __init__(self, engine):  # anything with abort(request_id): backend.LocalEngine, gateway.RemoteEngine
+        self.engine = engine
         self.active: set[str] = set()  # request ids
         self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -39,7 +39,7 @@ class Drain:
 
     def abort_all(self) -> None:
         for request_id in list(self.active):
-            self.llm.abort(request_id)
+            self.engine.abort(request_id)
 
     @asynccontextmanager
     async def lifespan(self, app):
@@ -48,7 +48,7 @@ class Drain:
         self.abort_all()  # whatever uvicorn had to cancel must not keep its KV blocks
 
 
-def serve(llm: LLM, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smollm2-135m",
+def serve(llm, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smollm2-135m",
           shutdown_timeout: float = 5.0, **app_options) -> None:
     """The engine loop on this (the main) thread, HTTP in a background thread; SIGTERM/SIGINT drain the
     server within ``shutdown_timeout`` seconds, a second signal exits at once."""
@@ -75,5 +75,10 @@ def serve(llm: LLM, host: str = "127.0.0.1", port: int = 8000, model_name: str =
         finally:
             stopped.set()
 
-    # torch runs on the main thread, at full speed; a drained server exits with 0.
-    llm.run_forever(stopped, on_start=threading.Thread(target=run_http, name="http", daemon=True).start)
+    http_thread = threading.Thread(target=run_http, name="http", daemon=True)
+    if isinstance(llm, LLM):  # torch runs on the main thread, at full speed; a drained server exits with 0
+        llm.run_forever(stopped, on_start=http_thread.start)
+    else:  # the engines are elsewhere (the cluster's replicas): the main thread only waits for signals
+        http_thread.start()
+        while not stopped.wait(0.5):
+            pass

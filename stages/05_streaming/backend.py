@@ -1,0 +1,47 @@
+"""What the server needs from an engine, and the engine in this process that provides it.
+
+`create_app` talks to an engine through five things: `submit` a request (its `RequestStream`,
+or `QueueFull`/`ValueError`), `abort` one, `health`, `metrics`, and the `tokenizer` with the
+context length (`max_model_len`) that requests are checked against. `LocalEngine` gives them
+for a stage-05 `LLM` in this process; the cluster's gateway gives them for engine replicas
+on Ray Serve (`gateway.RemoteEngine`), so both serve the same API with the same checks.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from .engine import LLM, RequestStream
+
+
+class LocalEngine:
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self.tokenizer, self.max_model_len = llm.tokenizer, llm.max_model_len
+
+    async def submit(self, prompt_ids: list[int], params) -> RequestStream:
+        return self.llm.add_request(prompt_ids, params, loop=asyncio.get_running_loop())
+
+    def abort(self, request_id: str) -> None:
+        self.llm.abort(request_id)
+
+    async def health(self) -> tuple[str, dict]:
+        """("ok" or what is wrong, details to add to the /health body)."""
+        return ("ok" if self.llm.is_alive() else "engine stopped"), {}
+
+    async def metrics(self) -> str:
+        llm = self.llm
+        g = llm.gauges()  # one snapshot of the engine after its last step
+        gauges = {
+            "stepwise_requests_waiting": (llm.num_waiting, "Requests waiting"),
+            "stepwise_requests_running": (g["running"], "Requests running"),
+            "stepwise_kv_blocks_used": (g["kv_blocks_used"], "KV blocks held by requests"),
+            "stepwise_kv_blocks_free": (g["kv_blocks_free"], "KV blocks free (cached ones included)"),
+            "stepwise_kv_cache_usage_ratio": (g["kv_blocks_used"] / g["kv_blocks"], "Share of KV blocks in use"),
+            "stepwise_prefix_cache_hit_rate": (g["prefix_hit_rate"],
+                                               "Prompt tokens found in the prefix cache / looked up"),
+            "stepwise_preemptions": (g["preemptions"], "Preemptions since the server started"),
+        }
+        return llm.metrics.render(gauges)
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
