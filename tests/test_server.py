@@ -226,10 +226,10 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
     """Three requests, two slots: the engine is held after a step with two running and one waiting, and every
     gauge is checked against what that state must give (block counts from the token counts)."""
     llm = streaming.LLM("tiny", max_num_seqs=2, block_size=16)
-    held, release, step = threading.Event(), threading.Event(), llm.step
+    held, release, run_step = threading.Event(), threading.Event(), llm.run_step
 
-    def step_then_hold():
-        batch = step()
+    def step_then_hold():  # after the step is published: the gauges describe this state
+        batch = run_step()
         s = llm.engine.scheduler
         if not held.is_set() and len(s.running) == 2 and len(s.waiting) == 1 and all(q.output_token_ids
                                                                                     for q in s.running):
@@ -237,7 +237,7 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
             release.wait(60)
         return batch
 
-    llm.step = step_then_hold
+    llm.run_step = step_then_hold
     prompts = [list(range(start, start + n)) for start, n in ((100, 20), (300, 35), (500, 50))]  # nothing shared
     # Long enough that the third request arrives while the first two still run, however slowly clients start.
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=120, ignore_eos=True)

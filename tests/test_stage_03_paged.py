@@ -144,7 +144,7 @@ def test_more_sequences_in_flight_than_stage_02_under_the_same_budget():
     llm = paged.LLM("tiny", max_num_seqs=12, max_model_len=512, kv_cache_memory=budget)
     llm.generate(prompts, params)
     assert llm.stats.peak_running == 12
-    assert llm.kv_capacity_tokens == 1024
+    assert llm.engine.kv_capacity_tokens == 1024
 
 
 def test_bad_requests_fail_alone(reference):
