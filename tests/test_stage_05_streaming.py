@@ -158,6 +158,23 @@ def test_a_request_aborted_while_queued_never_runs(reference):
         llm.shutdown()
 
 
+def test_gauges_follow_an_abort_that_leaves_nothing_to_run():
+    """The last request aborted: no step follows, yet the gauges a server reports must show it gone."""
+    llm = streaming.LLM("tiny", max_num_seqs=2)
+    try:
+        stream = llm.add_request([9, 8, 7] * 10, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+        llm.run_step()
+        g = llm.gauges()
+        assert (g["running"], g["kv_blocks_used"]) == (1, llm.engine.block_manager.num_used_blocks) and g["running"]
+        llm.abort(stream.request_id)
+        assert llm.run_step() is False  # the abort applied, nothing left to step
+        g = llm.gauges()
+        assert (g["running"], g["waiting"], g["kv_blocks_used"]) == (0, 0, 0)
+        assert g["kv_blocks_free"] == g["kv_blocks"] == llm.engine.block_manager.num_blocks
+    finally:
+        llm.shutdown()
+
+
 def test_latency_metrics(reference, llm):
     params = SamplingParams(temperature=0.9, seed=1, max_tokens=12, ignore_eos=True)
     chunks = list(llm.stream([3, 4, 5], params))

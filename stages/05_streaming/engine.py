@@ -217,11 +217,15 @@ class LLM(FrontEnd):
                 if pc is not None and pc.queried_tokens else 0.0, "preemptions": self.metrics.preemptions}
 
     def _apply_inbox(self) -> None:
+        applied = False
         while True:
             try:
                 kind, item = self._inbox.get_nowait()
             except queue.Empty:
+                if applied:  # an abort with nothing left to run: no step follows to refresh the gauges
+                    self._gauges = self._read_gauges()
                 return
+            applied = True
             if kind == "add":
                 item.seq.metrics.arrival_time = min(item.seq.metrics.arrival_time, time.perf_counter())
                 self._streams[item.request_id] = item
@@ -231,7 +235,6 @@ class LLM(FrontEnd):
                 self.engine.scheduler.abort(stream.seq)
                 self.metrics.observe(stream.seq)
                 self._publish(stream.seq)
-        self._gauges = self._read_gauges()
 
     def _publish(self, seq: Sequence) -> None:
         stream = self._by_seq.get(seq.seq_id)
@@ -253,6 +256,7 @@ class LLM(FrontEnd):
             self.metrics.observe(stream.seq)
             self._forget(stream)
             stream.put(StreamChunk("", [], reason, stream.seq.metrics, error=message))
+        self._gauges = self._read_gauges()
 
     def _forget(self, stream: RequestStream) -> None:
         del self._streams[stream.request_id]
