@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test bench mutants setup model clean
+.PHONY: demo test test-fast lint bench mutants setup model clean
 
 setup: $(DEPS)
 
@@ -26,8 +26,16 @@ $(MODEL): $(DEPS) common/prepare.py common/tokenizer.py
 demo: $(MODEL)
 	$(BIN)/python -m stages.05_streaming
 
-test: $(MODEL)
-	$(BIN)/python -m pytest -q tests
+# The fast suite (tiny model) first, then the real-model and cluster tests (markers in pyproject.toml).
+test: lint $(MODEL)
+	$(BIN)/python -m pytest -q -m "not real_model and not cluster" tests
+	$(BIN)/python -m pytest -q -m "real_model or cluster" tests
+
+test-fast: $(MODEL)
+	$(BIN)/python -m pytest -q -m "not real_model and not cluster" tests
+
+lint: $(DEPS)
+	$(BIN)/ruff check .
 
 # The benchmark ladder with both baselines; llama-cpp-python compiles from source (about 8 minutes on
 # 2 cores). Its default native build crashed with "Illegal instruction" on the build machine (it enables

@@ -211,7 +211,8 @@ class PaddedBatch:
         tokens, heads, d = q.shape
         seqs = self.allowed.shape[0]
         qp = q.index_select(0, self.q_index).view(seqs, self.max_query, heads, d).transpose(1, 2)
-        k = k_chunks.index_select(0, self.k_chunks.view(-1)).view(seqs, -1, self.k_chunks.shape[1] * k_chunks.shape[1], d)
-        v = v_chunks.index_select(0, self.k_chunks.view(-1)).view(seqs, -1, self.k_chunks.shape[1] * v_chunks.shape[1], d)
+        keys = self.k_chunks.shape[1] * k_chunks.shape[1]  # chunks per sequence x tokens per chunk
+        k = k_chunks.index_select(0, self.k_chunks.view(-1)).view(seqs, -1, keys, d)
+        v = v_chunks.index_select(0, self.k_chunks.view(-1)).view(seqs, -1, keys, d)
         out = F.scaled_dot_product_attention(qp, k, v, attn_mask=self.allowed, enable_gqa=True)
         return out.transpose(1, 2).reshape(seqs * self.max_query, heads, d)[self.q_valid]

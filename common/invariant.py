@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-from typing import Callable
 
 import torch
 
@@ -141,7 +140,8 @@ def choose_row_tile(linears: list[RowTiled], dtype: torch.dtype, device: torch.d
     if tile is None:
         return (f"linears: {backend}, {str(dtype).removeprefix('torch.')}: no tile keeps rows' bits in calls of "
                 f"varying size on this machine, so every call holds exactly {ROW_TILE} rows ({how})")
-    return f"linears: {backend}, {str(dtype).removeprefix('torch.')}: calls of up to {tile} rows keep every row's bits ({how})"
+    name = str(dtype).removeprefix("torch.")
+    return f"linears: {backend}, {name}: calls of up to {tile} rows keep every row's bits ({how})"
 
 
 def _machine_key(backend: str, dtype: torch.dtype, device: torch.device, shapes: list) -> str:

@@ -39,7 +39,8 @@ class LLM:
         if not isinstance(model, (str, os.PathLike)):
             raise InvalidParam("model", f"model={clip(model)} is invalid: give a checkpoint folder or a model name")
         if not isinstance(batch_invariant, bool):
-            raise InvalidParam("batch_invariant", f"batch_invariant={clip(batch_invariant)} is invalid: give True or False")
+            raise InvalidParam("batch_invariant",
+                               f"batch_invariant={clip(batch_invariant)} is invalid: give True or False")
         self.folder = resolve_model(model)
         self.device = resolve_device(device)
         self.dtype = parse_dtype(dtype)

@@ -84,7 +84,8 @@ def parse_memory(value: str | int | float | None, device: torch.device | str) ->
     text = str(value).strip().lower().replace(" ", "")
     match = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", text)
     if not match or match.group(2) not in UNITS:
-        raise ValueError(f"KV memory {value!r} not understood: use bytes (123456), '96MiB', '2GB' or a fraction like 0.5")
+        raise ValueError(f"KV memory {value!r} not understood: use bytes (123456), '96MiB', '2GB' "
+                         "or a fraction like 0.5")
     number, unit = float(match.group(1)), match.group(2)
     if unit == "" and 0 < number <= 1 and "." in text:
         free = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"

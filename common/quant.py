@@ -1,7 +1,7 @@
 """Weight-only quantization: linears that read 8 or 4 bits per weight instead of 16.
 
 Why: decoding one token reads every weight once, so on a bandwidth-bound machine the
-bytes per weight set the time per token (see ``common.roofline``). The activations stay
+bytes per weight set the time per token (see ``common.tools.roofline``). The activations stay
 bfloat16; only the stored weights shrink, and each kernel widens them on the fly.
 
 * ``int8``: one scale per output channel, symmetric (``w = q * s``, ``q`` in -127..127),

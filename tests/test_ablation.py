@@ -2,8 +2,8 @@
 import importlib
 
 from common import ReferenceLLM
-from common import workloads
-from common.cli import parser
+from common.tools import workloads
+from common.tools.cli import parser
 
 ablation = importlib.import_module("stages.03_paged_kv.ablation")
 

@@ -120,3 +120,11 @@ def test_a_command_line_whose_every_request_failed_says_why_and_exits_non_zero()
     r = subprocess.run([sys.executable, "-m", "stages.03_paged_kv", "--model", "tiny", "--kv-memory", "40KiB",
                         "--alone", "--num-requests", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "every request failed" in r.stderr and "kv_cache_memory" in r.stderr, r.stderr[-500:]
+
+
+def test_a_port_out_of_range_is_refused_by_the_command_line(capsys):
+    import importlib
+    cli = importlib.import_module("stages.05_streaming.__main__")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--model", "tiny", "--port", "81100"])
+    assert exit_.value.code == 2 and "81100 is not a TCP port: use 0-65535" in capsys.readouterr().err

@@ -113,6 +113,7 @@ async def stream_chat(http, url: str, messages, **fields) -> tuple[int, str, lis
 
 
 @needs_ray
+@pytest.mark.cluster
 def test_16_streaming_clients_over_two_replicas_get_the_reference_tokens(two, real_ref):
     params = [SamplingParams(max_tokens=8, temperature=0.8 if i % 2 else 0, seed=i) for i in range(16)]
     expected = [o for o in real_ref.generate([real_ref.tokenizer.apply_chat_template(prompt(i)) for i in range(16)],
@@ -158,6 +159,7 @@ BAD = [  # (path, body, headers): each must get the single-process server's answ
 
 
 @needs_ray
+@pytest.mark.cluster
 def test_bad_input_gets_the_same_errors_as_the_single_process_server(two):
     def answers(url):
         with httpx.Client(timeout=30) as http:
@@ -176,6 +178,7 @@ def test_bad_input_gets_the_same_errors_as_the_single_process_server(two):
 
 
 @needs_ray
+@pytest.mark.cluster
 def test_a_client_that_leaves_mid_stream_frees_its_replicas_blocks(two):
     body = {"model": REAL, "messages": prompt(0), "max_tokens": 2000, "ignore_eos": True, "stream": True}
     with httpx.Client(timeout=60) as http:
@@ -196,6 +199,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_replicas_blocks(two):
 
 
 @needs_ray
+@pytest.mark.cluster
 def test_a_shutdown_ends_open_streams_with_an_error_event_and_frees_their_blocks(two):
     """The gateway's graceful shutdown (SIGTERM in `cluster`) at its deadline aborts what still runs on replicas."""
     with Server(two.llm, REAL) as gateway, httpx.Client(timeout=60) as http:
@@ -218,6 +222,7 @@ def test_a_shutdown_ends_open_streams_with_an_error_event_and_frees_their_blocks
 
 
 @needs_ray
+@pytest.mark.cluster
 def test_a_replica_killed_mid_load_fails_its_requests_cleanly_and_is_replaced(two, real_ref):
     n, tokens = 6, 24
     want = real_ref.generate([real_ref.tokenizer.apply_chat_template(prompt(i)) for i in range(n)],
@@ -306,6 +311,7 @@ def test_a_replica_killed_mid_load_fails_its_requests_cleanly_and_is_replaced(tw
 
 # ---- autoscaling (tiny model) ---------------------------------------------------------------------------------------
 @needs_ray
+@pytest.mark.cluster
 def test_autoscaling_follows_the_queue_up_to_two_replicas_and_back_to_one(ray_instance):
     config = cluster.ClusterConfig(model="tiny", min_replicas=1, max_replicas=2, target_ongoing_requests=1,
                                    max_num_seqs=2, app_name="auto", upscale_delay_s=0.5, downscale_delay_s=2.0,

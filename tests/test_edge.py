@@ -1,7 +1,7 @@
-"""common.edge: the per-precision measurement runs in a fresh process and reports figures that add up."""
+"""common.tools.edge: the per-precision measurement runs in a fresh process and reports figures that add up."""
 import pytest
 
-from common import edge, roofline
+from common.tools import edge, roofline
 from common.quant import precision_bytes
 
 

@@ -73,6 +73,7 @@ def test_every_stage_gives_the_reference_tokens(reference, workload):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.real_model
 def test_real_model_every_stage(dtype):
     ref = ReferenceLLM("smollm2-135m", dtype=dtype)
     chat = lambda q: ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])  # noqa: E731
@@ -106,6 +107,7 @@ def test_every_stage_gives_the_reference_tokens_quantized(quantized_reference, w
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.real_model
 def test_real_model_every_stage_quantized(quantization):
     ref = ReferenceLLM("smollm2-135m", quantization=quantization)
     chat = lambda q: ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])  # noqa: E731
@@ -125,7 +127,7 @@ def test_real_model_every_stage_quantized(quantization):
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device: the GPU path is checked where "
                     "one is present (python -m stages.04_kernels --gpu-check runs this test too)")
-@pytest.mark.parametrize("model", ["tiny", "smollm2-135m"])
+@pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2-135m", marks=pytest.mark.real_model)])
 def test_every_stage_on_cuda_gives_the_same_tokens(model):
     """On CUDA (device='auto' picks it) every stage, stage 04's Triton kernels included, gives the reference's
     tokens: chunked prefill, preemption and a shared prefix in the mix."""

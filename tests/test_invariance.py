@@ -4,6 +4,7 @@ Data is drawn by hypothesis (seeds, scales, shapes), in float32 and bfloat16."""
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -175,6 +176,7 @@ def test_plain_attention_matches_torch(seqs, heads, block_size, dtype, seed):
         t0 += n
 
 
+@pytest.mark.real_model
 def test_plain_math_step_is_close_to_the_invariant_one():
     """The same step on the real model, plain math vs batch-invariant math: the logits agree closely."""
     from common.kv_cache import ContiguousKVCache

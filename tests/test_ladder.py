@@ -6,8 +6,9 @@ from collections import deque
 
 import pytest
 
-from common import ReferenceLLM, SamplingParams, workloads
-from common.cli import STAGE_NAMES, make_llm
+from common import ReferenceLLM, SamplingParams
+from common.tools import workloads
+from common.tools.cli import STAGE_NAMES, make_llm
 from common.paths import resolve_model
 
 ladder = importlib.import_module("stages.__main__")

@@ -51,11 +51,13 @@ def our_logits(ref, ids):
     return ref.model.compute_logits(hidden)
 
 
+@pytest.mark.real_model
 def test_prompts_cover_long_context(reference):
     assert max(len(prompt_ids(reference, p)) for p in PROMPTS) > 1000
 
 
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
+@pytest.mark.real_model
 def test_full_vocabulary_logits_match_transformers(hf_models, reference, i):
     from_gguf, from_folder = hf_models
     ids = prompt_ids(reference, PROMPTS[i])
@@ -71,6 +73,7 @@ def test_full_vocabulary_logits_match_transformers(hf_models, reference, i):
 
 
 @pytest.mark.parametrize("i", [0, 3, 6])
+@pytest.mark.real_model
 def test_greedy_64_tokens_match_transformers(hf_models, reference, i):
     from_gguf, _ = hf_models
     ids = prompt_ids(reference, PROMPTS[i])
@@ -91,6 +94,7 @@ HF_PARTS = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
             "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"]}
 
 
+@pytest.mark.real_model
 def test_int4_weights_are_the_ggufs(hf_models, int4_reference, real_folder):
     """int4 multiplies by the weights transformers dequantizes from the GGUF, up to one thing: the kernel holds each
     group's scale d and zero m + 8d in bfloat16 (8 significant bits; the GGUF's fp16 has 11). Measured over all 210
@@ -125,6 +129,7 @@ def test_int4_weights_are_the_ggufs(hf_models, int4_reference, real_folder):
 
 
 @pytest.mark.parametrize("i", [0, 3, 6])
+@pytest.mark.real_model
 def test_int4_logits_close_to_transformers_on_the_gguf(hf_models, int4_reference, i):
     """int4 (bfloat16 activations) against transformers' float32 run of the same GGUF. Measured on the build
     machine over two texts: max |logit difference| 1.0-1.2, mean 0.12-0.17 (logits of magnitude ~20); the dense
@@ -142,12 +147,13 @@ def test_int4_logits_close_to_transformers_on_the_gguf(hf_models, int4_reference
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.8
 
 
+@pytest.mark.real_model
 def test_int4_perplexity_matches_transformers_on_the_gguf(hf_models, int4_reference):
-    """The perplexity `python -m common.quality` reports, on its text's first 512 tokens: int4 (bfloat16
+    """The perplexity `python -m common.tools.quality` reports, on its text's first 512 tokens: int4 (bfloat16
     activations) against transformers' float32 run of the same GGUF."""
     import math
 
-    from common.quality import score_text, text_ids
+    from common.tools.quality import score_text, text_ids
 
     from_gguf, _ = hf_models
     ids = text_ids(int4_reference)[:512]

@@ -43,6 +43,7 @@ def test_interrupted_write_leaves_nothing(tmp_path):
 
 @pytest.mark.parametrize("dtype,torch_dtype", [("float32", torch.float32), ("bfloat16", torch.bfloat16),
                                                ("float16", torch.float16)])
+@pytest.mark.real_model
 def test_smollm2_in_each_dtype(tmp_path, dtype, torch_dtype, real_folder):
     folder = prepare_smollm2(tmp_path / dtype, dtype=dtype, quiet=True)
     cfg = json.loads((folder / "config.json").read_text())

@@ -1,10 +1,11 @@
-"""What int8 and int4 cost in quality, on a budget: the bounds behind `python -m common.quality`'s figures (README).
+"""What int8 and int4 cost in quality, on a budget: the bounds behind `python -m common.tools.quality`'s figures
+(README).
 
 The full command scores the whole text (3,573 tokens) and 16 prompts x 64 tokens; this checks its first 512 tokens
 and 4 prompts x 16 tokens, enough to catch a precision that broke the model."""
 import pytest
 
-from common import quality
+from common.tools import quality
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +19,7 @@ def test_the_text_is_a_few_thousand_public_domain_tokens():
     assert "Illustration" not in text
 
 
+@pytest.mark.real_model
 def test_quantized_perplexity_stays_near_bfloat16(rows):
     bf16, int8, int4 = (rows[n]["perplexity"] for n in ("bfloat16", "int8", "int4"))
     assert 5 < bf16 < 60  # an English novel under a small instruct model; a broken model scores in the thousands
@@ -26,6 +28,7 @@ def test_quantized_perplexity_stays_near_bfloat16(rows):
     assert int4 == pytest.approx(bf16, rel=0.02)
 
 
+@pytest.mark.real_model
 def test_quantized_models_mostly_agree_with_bfloat16(rows):
     assert rows["bfloat16"]["top-1 agreement on text"] == 1
     # Measured: 94.5% and 95.3% of 511 positions; common prefixes 14 and 13.5 of 16 tokens.

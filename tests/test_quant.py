@@ -115,6 +115,7 @@ def test_model_sizes_match_the_arithmetic(tiny_folder):
     assert precision_bytes(shapes, "bfloat16") == ReferenceLLM(str(tiny_folder)).model.weight_bytes
 
 
+@pytest.mark.real_model
 def test_smollm2_sizes():
     """The figures `python -m common.prepare` prints: 269 MB at 16 bits; int8 and int4 with their scales."""
     from common.config import ModelConfig
@@ -130,6 +131,7 @@ def test_smollm2_sizes():
     assert precision_bytes(shapes, "int4") == proj // 2 + proj // GROUP_SIZE * 4 + table + 2 * rows + 2 * norms
 
 
+@pytest.mark.real_model
 def test_prepared_q4_1_blocks_are_the_ggufs(real_folder):
     """The checkpoint keeps each projection's GGUF blocks; decoded, they are the dequantized float32 weights,
     rows un-permuted like them (Q and K)."""

@@ -1,7 +1,7 @@
 """The calculator reproduces the article's worked figures (the arithmetic in its text is the oracle)."""
 import pytest
 
-from common import roofline
+from common.tools import roofline
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,7 @@ def test_paging_rounds_up_to_whole_blocks():
     assert roofline.seqs_reserving(32 * 16 * per_token, 64, per_token) == 8
 
 
+@pytest.mark.real_model
 def test_smollm2_bytes_per_token_matches_the_model_config(real_folder):
     from common.config import ModelConfig
     c = ModelConfig.from_folder(real_folder)

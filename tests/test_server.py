@@ -3,7 +3,6 @@ import asyncio
 import importlib
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -65,6 +64,7 @@ def test_stop_strings_that_never_match_lose_no_text(tiny_server, tiny_ref, sampl
     assert (text, finish) == (expected.text, ending)
 
 
+@pytest.mark.real_model
 def test_chat_on_the_real_model():
     with Server(streaming.LLM("smollm2-135m", max_num_seqs=2), "smollm2-135m") as s:
         c = client(s)

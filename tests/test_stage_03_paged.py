@@ -175,6 +175,20 @@ def test_memory_budget_units():
     assert 0 < parse_memory("0.5", cpu) < parse_memory("1.0", cpu)
 
 
+def test_vllm_byte_count_name_sizes_the_same_pool():
+    budget = 40 * 16 * TINY_BYTES_PER_TOKEN  # 40 blocks of 16 tokens
+    by_bytes = paged.LLM("tiny", max_num_seqs=4, kv_cache_memory_bytes=budget)
+    by_text = paged.LLM("tiny", max_num_seqs=4, kv_cache_memory=f"{budget}")
+    assert by_bytes.engine.block_manager.num_blocks == by_text.engine.block_manager.num_blocks == 40
+    assert by_bytes.engine.kv_cache_memory_bytes == budget
+    for bad, says in (({"kv_cache_memory_bytes": budget, "kv_cache_memory": "1MiB"}, "not both"),
+                      ({"kv_cache_memory_bytes": "1MiB"}, "must be an integer")):
+        with pytest.raises(ValueError, match=says) as err:
+            paged.LLM("tiny", max_num_seqs=4, **bad)
+        assert err.value.param == "kv_cache_memory_bytes"
+
+
+@pytest.mark.real_model
 def test_real_model_shared_system_prompt():
     ref = ReferenceLLM("smollm2-135m", dtype="bfloat16")
     system = ("You are a concise assistant for a cooking website. Answer in one or two sentences, "

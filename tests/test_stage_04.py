@@ -74,6 +74,7 @@ def test_gpu_check_refuses_without_cuda():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.real_model
 def test_fused_cpu_kernels_give_the_reference_bits(dtype):
     """The AOTInductor kernels of common.ops against the eager functions: hidden states and logits bit for bit,
     on the real model, for a step that mixes a prefill chunk with decodes."""
@@ -99,3 +100,14 @@ def test_fused_cpu_kernels_give_the_reference_bits(dtype):
         results.append((hidden, model.compute_logits(hidden)))
     assert fused.fused.calls > 0
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_a_decode_step_runs_the_same_tensor_operations_at_any_context_length():
+    """The fusion report's counter on stage 03's step: attention is a fixed number of operations per layer, so
+    a step at ~20 tokens of context and one at ~90 (a second 64-key tile) run the same operations."""
+    report = importlib.import_module("stages.04_kernels.fusion_report")
+    short, long = (report.decode_step_counts("stages.03_paged_kv", 4, context, model="tiny") for context in (20, 90))
+    assert short["ops"] == long["ops"] > 0 and short["by_op"] == long["by_op"]
+    assert long["bytes"] > short["bytes"]  # more keys are read, by the same operations
+    layers = ReferenceLLM("tiny").config.num_hidden_layers
+    assert short["by_op"]["bmm"] == 2 * layers  # per layer: one for all scores, one for all P·V

@@ -37,7 +37,7 @@ def test_stream_equals_generate_equals_reference(reference, llm, workload, data)
             i = data.draw(st.integers(0, len(text) - 1))
             p.stop = [text[i:i + data.draw(st.integers(1, 4))]]
         elif kind == "absent":  # never matches: the request ends by length or EOS, with its held-back tail flushed
-            p.stop = [data.draw(st.text("qzjx#", min_size=2, max_size=5).filter(lambda s: s not in text))]
+            p.stop = [data.draw(st.text("qzjx#", min_size=2, max_size=5).filter(lambda s: s not in text))]  # noqa: B023
     expected = reference.generate(prompts, params)
     results = [None] * len(prompts)
 
@@ -99,6 +99,7 @@ def test_stop_strings_that_never_match_hold_nothing_back_at_the_end(reference, l
         [(full.text, full.token_ids, full.finish_reason)]
 
 
+@pytest.mark.real_model
 def test_utf8_and_leading_spaces_survive_streaming():
     llm = streaming.LLM("smollm2-135m", max_num_seqs=2)
     try:

@@ -78,6 +78,7 @@ REAL_PROMPTS = ["What is the capital of France?", "Write a limerick about a cat.
 
 
 @pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.real_model
 def test_real_model_same_tokens(stage):
     ref = ReferenceLLM("smollm2-135m", dtype="bfloat16")
     prompts = [ref.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in REAL_PROMPTS]

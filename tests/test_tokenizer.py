@@ -31,6 +31,7 @@ def hf():
 
 
 @pytest.mark.parametrize("text", CORPUS)
+@pytest.mark.real_model
 def test_encode_decode_agree_with_transformers(ours, hf, text):
     ids = ours.encode(text)
     assert ids == hf.encode(text, add_special_tokens=False)
@@ -38,6 +39,7 @@ def test_encode_decode_agree_with_transformers(ours, hf, text):
     assert ours.decode(ids, skip_special_tokens=False) == text
 
 
+@pytest.mark.real_model
 def test_chat_template_has_default_system_prompt(ours):
     text = ours.apply_chat_template([{"role": "user", "content": "Hi"}])
     assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -48,6 +50,7 @@ def test_chat_template_has_default_system_prompt(ours):
 
 @settings(max_examples=60, deadline=None)
 @given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=80))
+@pytest.mark.real_model
 def test_incremental_detokenizer_concatenates_to_full_text(ours, text):
     ids = ours.encode(text)
     detok = IncrementalDetokenizer(ours)
@@ -58,6 +61,7 @@ def test_incremental_detokenizer_concatenates_to_full_text(ours, text):
         assert all("\ufffd" not in p for p in pieces)
 
 
+@pytest.mark.real_model
 def test_incremental_detokenizer_on_random_ids_concatenates(ours):
     """Random ids make invalid UTF-8 too; the pieces must still add up to the full decode."""
     rng = random.Random(0)

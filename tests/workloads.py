@@ -92,7 +92,8 @@ def checked_steps():
             "sequence limit": len(seqs) <= self.max_num_seqs and len(self.running) <= self.max_num_seqs,
             "each sequence once": len({s.seq_id for s in seqs}) == len(seqs) == len(lens),
             "feeds 1..uncomputed tokens": all(1 <= n <= s.num_new_tokens for s, n in zip(seqs, lens)),
-            "blocks allocated": all(len(self.block_manager.table(s)) * bs >= s.num_cached_tokens + n for s, n in zip(seqs, lens)),
+            "blocks allocated": all(len(self.block_manager.table(s)) * bs >= s.num_cached_tokens + n
+                                    for s, n in zip(seqs, lens)),
         }
         violations.extend(f"{name}: lens={lens}, budget={self.max_num_batched_tokens}"
                           for name, ok in checks.items() if not ok)

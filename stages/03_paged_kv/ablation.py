@@ -14,9 +14,9 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from common import workloads
-from common.cli import make_llm
-from common.report import format_value, percentile
+from common.tools import workloads
+from common.tools.cli import make_llm
+from common.tools.report import format_value, percentile
 
 VARIANTS = {"all on": {}, "no prefix caching": {"no_prefix_caching": True},
             "no chunked prefill": {"no_chunked_prefill": True}, "no preemption": {"no_preemption": True}}

@@ -6,7 +6,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from common import roofline
+from common.tools import roofline
 from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory
 from common.paths import resolve_model

@@ -27,19 +27,26 @@ class LLMEngine:
     paged = True  # takes a KV memory budget in blocks (the command lines' --kv-memory)
 
     def __init__(self, model: Llama, *, max_model_len: int, max_num_seqs: int, block_size: int = 16,
-                 kv_cache_memory: str | int | float | None = None, max_num_batched_tokens: int = 512,
+                 kv_cache_memory: str | int | float | None = None, kv_cache_memory_bytes: int | None = None,
+                 max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
                  enable_preemption: bool = True):
         check_int("block_size", block_size, 1)  # 16 is the usual choice
         check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         for name, flag in (("enable_prefix_caching", enable_prefix_caching),
-                           ("enable_chunked_prefill", enable_chunked_prefill), ("enable_preemption", enable_preemption)):
+                           ("enable_chunked_prefill", enable_chunked_prefill),
+                           ("enable_preemption", enable_preemption)):
             check_bool(name, flag)
         if max_num_batched_tokens < max_num_seqs:
             raise InvalidParam("max_num_batched_tokens", f"max_num_batched_tokens={max_num_batched_tokens} must be "
                                f">= max_num_seqs={max_num_seqs}, or some running requests could never decode")
         c = model.config
         per_block = block_size * c.kv_bytes_per_token(model.dtype.itemsize)
+        if kv_cache_memory_bytes is not None:  # vLLM's name: a plain byte count
+            if kv_cache_memory is not None:
+                raise InvalidParam("kv_cache_memory_bytes", "give kv_cache_memory_bytes or kv_cache_memory, not both")
+            check_int("kv_cache_memory_bytes", kv_cache_memory_bytes, 1)
+            kv_cache_memory = kv_cache_memory_bytes
         try:  # bytes, "48MiB", "2GB", or a fraction of free memory like 0.5
             budget = parse_memory(kv_cache_memory, model.device)
         except (ValueError, TypeError) as e:

@@ -45,7 +45,8 @@ class PagedKVCache:
         """[tokens, kv_heads]: the row of the layer's storage (viewed [blocks * kv_heads * block_size, d])
         that each new token's key and value go to, per KV head."""
         bs, kvh = self.block_size, self.config.num_key_value_heads
-        pos = np.concatenate([np.arange(s.num_cached_tokens, s.num_cached_tokens + n) for s, n in zip(seqs, query_lens)])
+        pos = np.concatenate([np.arange(s.num_cached_tokens, s.num_cached_tokens + n)
+                              for s, n in zip(seqs, query_lens)])
         block = np.concatenate([np.asarray(t)[np.arange(s.num_cached_tokens, s.num_cached_tokens + n) // bs]
                                 for s, n, t in zip(seqs, query_lens, tables)])
         rows = (block[:, None] * kvh + np.arange(kvh)) * bs + (pos % bs)[:, None]
@@ -60,7 +61,7 @@ class PagedKVCache:
         width = -(-max(context_lens) // g)
         chunk_pos = np.arange(width) * g
         table = np.zeros((len(seqs), width), dtype=np.int64)
-        for i, seq in enumerate(seqs):
+        for i in range(len(seqs)):
             blocks = np.asarray(tables[i], dtype=np.int64)
             n = min(width, -(-context_lens[i] // g))
             table[i, :n] = blocks[chunk_pos[:n] // bs] * c.num_key_value_heads * (bs // g) + (chunk_pos[:n] % bs) // g

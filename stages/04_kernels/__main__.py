@@ -5,7 +5,7 @@ import sys
 
 from rich.console import Console
 
-from common.cli import parser, run
+from common.tools.cli import parser, run
 from common.loader import resolve_device
 
 from .model import describe_path

@@ -24,8 +24,8 @@ def kernel_specs(dtype: str = "bf16", head_dim: int = 64, group: int = 3, kv_hea
     p = f"*{dtype}"
     return {
         "add_rms_norm": (ew._add_rms_norm_kernel, {"x_ptr": p, "res_ptr": p, "w_ptr": p, "out_ptr": p,
-                         "n_cols": "i32", "eps": "fp32"}, {"HAS_RESIDUAL": True, "BLOCK": triton.next_power_of_2(hidden),
-                                                  "LANES": ew.LANES}),
+                         "n_cols": "i32", "eps": "fp32"},
+                         {"HAS_RESIDUAL": True, "BLOCK": triton.next_power_of_2(hidden), "LANES": ew.LANES}),
         "rope": (ew._rope_kernel, {"x_ptr": p, "cos_ptr": "*fp32", "sin_ptr": "*fp32",
                  "n_heads": "i32", "stride_tok": "i32", "stride_head": "i32"},
                  {"HALF": head_dim // 2, "BLOCK_H": triton.next_power_of_2(group * kv_heads),

@@ -68,7 +68,8 @@ class FusedCPU:
             "add_rms_norm": (_Norm(c.rms_norm_eps), (example(8, c.hidden_size), example(8, c.hidden_size),
                                                       example(c.hidden_size)), ({0: tokens}, {0: tokens}, None)),
             "rope_qkv": (_RopeQKV(c.num_attention_heads, c.num_key_value_heads),
-                         (example(8, qkv_width), example(8, 1, d, dt=torch.float32), example(8, 1, d, dt=torch.float32)),
+                         (example(8, qkv_width), example(8, 1, d, dt=torch.float32),
+                          example(8, 1, d, dt=torch.float32)),
                          ({0: tokens}, {0: tokens}, {0: tokens})),
             "swiglu": (_SwiGLU(), (example(8, 2 * c.intermediate_size),), ({0: tokens},)),
         }

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import workloads
+from common.tools import workloads
 from common.sampling import SamplingParams
 
 VIEWS = {"view", "_unsafe_view", "as_strided", "slice", "select", "unsqueeze", "squeeze", "expand", "t", "transpose",
@@ -54,10 +54,12 @@ class StepCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         if name in GATHERS:  # reads the gathered rows (not the whole source) and writes them
-            self.record(name, [out] + [a for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point()], out)
+            indices = [a for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point()]
+            self.record(name, [out] + indices, out)
         elif name in SCATTERS:  # reads the values and writes them into place (not the whole destination)
             values = args[-1] if isinstance(args[-1], torch.Tensor) else args[3]
-            self.record(name, [values] + [a for a in args[1:] if isinstance(a, torch.Tensor) and a is not values], values)
+            others = [a for a in args[1:] if isinstance(a, torch.Tensor) and a is not values]
+            self.record(name, [values] + others, values)
         elif name in MAYBE_VIEWS and isinstance(out, torch.Tensor) and any(
                 isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
                 for a in args):
@@ -67,40 +69,40 @@ class StepCounter(TorchDispatchMode):
         return out
 
 
-def decode_step_counts(module: str, requests: int, context: int) -> dict:
+def decode_step_counts(module: str, requests: int, context: int, model: str = "smollm2-135m") -> dict:
     """Run ``requests`` chat requests to about ``context`` tokens, then count one decode step."""
     stage = importlib.import_module(module)
-    llm = stage.LLM("smollm2-135m", max_num_seqs=requests, max_num_batched_tokens=4096)
+    llm = stage.LLM(model, max_num_seqs=requests, max_num_batched_tokens=4096)
     prompts, _ = workloads.chat(llm.tokenizer, requests)
     params = SamplingParams(temperature=0, max_tokens=4 * context, ignore_eos=True)
-    scheduler = importlib.import_module("stages.03_paged_kv.scheduler")
-    llm.scheduler = scheduler.Scheduler(llm.block_manager, llm.max_num_seqs, llm.max_num_batched_tokens, True)
-    llm.timeline, llm.block_timeline = [], []
+    engine = llm.engine
     for prompt in prompts:
-        llm.scheduler.add(llm.make_sequence(prompt, params))
-    while llm.scheduler.waiting or min(len(s) for s in llm.scheduler.running) < context:
-        llm.step()
+        engine.add(llm.make_sequence(prompt, params))
+    while engine.scheduler.waiting or min(len(s) for s in engine.scheduler.running) < context:
+        engine.step()
     fused = getattr(llm.model, "fused", None)
     counter = StepCounter()
     if fused is not None:
         fused.counter = counter
     with counter:
-        llm.step()
+        engine.step()
     if fused is not None:
         fused.counter = None
     times = []
     for _ in range(20):
         start = time.perf_counter()
-        llm.step()
+        engine.step()
         times.append(time.perf_counter() - start)
-    return {"ops": counter.ops, "bytes": counter.bytes, "by_op": counter.by_op, "bytes_by_op": counter.bytes_by_op, "step ms": 1e3 * min(times),
+    return {"ops": counter.ops, "bytes": counter.bytes, "by_op": counter.by_op, "bytes_by_op": counter.bytes_by_op,
+            "step ms": 1e3 * min(times),
             "path": getattr(llm, "execution_path", "torch")}
 
 
 def main(requests: int = 32, context: int = 128) -> None:
     console = Console()
     rows = {name: decode_step_counts(module, requests, context)
-            for name, module in (("03 paged (unfused)", "stages.03_paged_kv"), ("04 kernels (fused)", "stages.04_kernels"))}
+            for name, module in (("03 paged (unfused)", "stages.03_paged_kv"),
+                                 ("04 kernels (fused)", "stages.04_kernels"))}
     table = Table(title=f"one decode step: {requests} requests at ~{context} tokens, SmolLM2-135M, bfloat16")
     table.add_column("figure")
     for name in rows:
@@ -116,5 +118,5 @@ def main(requests: int = 32, context: int = 128) -> None:
         top = ", ".join(f"{k} {v / 1e6:,.0f}" for k, v in r["bytes_by_op"].most_common(8))
         console.print(f"{name}, MB moved by the largest: {top}")
     gone = {k: a["by_op"][k] - b["by_op"].get(k, 0) for k in a["by_op"] if a["by_op"][k] > b["by_op"].get(k, 0)}
-    console.print("operations fusion removed per step: " + ", ".join(f"{k} {v}" for k, v in sorted(gone.items(),
-                                                                                                   key=lambda x: -x[1])))
+    by_count = sorted(gone.items(), key=lambda x: -x[1])
+    console.print("operations fusion removed per step: " + ", ".join(f"{k} {v}" for k, v in by_count))

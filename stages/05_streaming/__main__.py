@@ -9,11 +9,22 @@ import os
 
 from rich.console import Console
 
-from common.cli import device_arg
+from common.tools.cli import device_arg
 from common.validate import InvalidParam
 
 from .engine import LLM
 from .guards import DEFAULT_MAX_BODY_BYTES
+
+
+def port_arg(text: str) -> int:
+    """--port: a TCP port, 0-65535 (0: any free port; uvicorn does not check, and 81100 listened elsewhere)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: use 0-65535")
+    return port
 
 
 def main(argv=None) -> None:
@@ -25,7 +36,7 @@ def main(argv=None) -> None:
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"], help="weight-only quantization")
     ap.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--port", type=port_arg, default=8000)
     ap.add_argument("--max-num-seqs", type=int, default=None,
                     help="running requests per engine (default 16; cluster: calibrated from --tpot-target-ms)")
     ap.add_argument("--max-model-len", type=int, default=None)

@@ -17,8 +17,8 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
-from common.report import percentile
-from common.workloads import CHAT_QUESTIONS
+from common.tools.report import percentile
+from common.tools.workloads import CHAT_QUESTIONS
 
 from .engine import LLM
 from .server import create_app

@@ -70,7 +70,8 @@ class EngineMetrics:
                       "# TYPE stepwise_requests_finished_total counter"]
             lines += [f'stepwise_requests_finished_total{{finish_reason="{r}"}} {n}' for r, n in self.finished.items()]
             lines += ["# HELP stepwise_output_tokens_total Output tokens of finished requests",
-                      "# TYPE stepwise_output_tokens_total counter", f"stepwise_output_tokens_total {self.output_tokens}"]
+                      "# TYPE stepwise_output_tokens_total counter",
+                      f"stepwise_output_tokens_total {self.output_tokens}"]
             lines += self.ttft.render("stepwise_time_to_first_token_seconds", "Arrival to first token")
             lines += self.itl.render("stepwise_inter_token_latency_seconds", "Gap between consecutive tokens")
             lines += self.e2e.render("stepwise_e2e_request_latency_seconds", "Arrival to last token")

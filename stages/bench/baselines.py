@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from common.report import percentile
+from common.tools.report import percentile
 
 Row = dict
 
@@ -53,7 +53,8 @@ def hf_generate(folder, prompts: list[list[int]], max_tokens: list[int], eos: in
         times: list[float] = []
         with torch.inference_mode():
             gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=limit, do_sample=False,
-                                 eos_token_id=eos, pad_token_id=eos, stopping_criteria=StoppingCriteriaList([StepClock()]))
+                                 eos_token_id=eos, pad_token_id=eos,
+                                 stopping_criteria=StoppingCriteriaList([StepClock()]))
         steps += len(times)
         for i, seq in enumerate(gen[:, width:].tolist()):
             n = min(max_tokens[b + i], seq.index(eos) + 1 if eos in seq else len(seq))

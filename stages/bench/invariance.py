@@ -16,7 +16,8 @@ import statistics
 from rich.console import Console
 from rich.table import Table
 
-from common import ReferenceLLM, SamplingParams, workloads
+from common import ReferenceLLM, SamplingParams
+from common.tools import workloads
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

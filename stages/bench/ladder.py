@@ -19,11 +19,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common import roofline, workloads
-from common.cli import STAGE_NAMES, parser
+from common.tools import roofline, workloads
+from common.tools.cli import STAGE_NAMES, parser
 from common.paths import resolve_model, smollm2_gguf_path
 from common.reference import ReferenceLLM
-from common.report import format_value
+from common.tools.report import format_value
 
 from . import baselines, verdict
 from .runs import hf_single_request, single_request, stage_row

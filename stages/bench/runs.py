@@ -7,9 +7,9 @@ import time
 
 import torch
 
-from common.cli import make_llm
+from common.tools.cli import make_llm
 from common.loader import expected_shapes
-from common.report import summary_row
+from common.tools.report import summary_row
 from common.sampling import SamplingParams
 
 

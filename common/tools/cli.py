@@ -6,14 +6,15 @@ import importlib
 
 from rich.console import Console
 
-from common import workloads
+from common.tools import workloads
 from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory, resolve_device
 from common.paths import resolve_model
-from common.report import print_blocks, print_timeline, summary_row, summary_table
+from common.tools.report import print_blocks, print_timeline, summary_row, summary_table
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
-               "stages.03_paged_kv": "03 paged", "stages.04_kernels": "04 kernels", "stages.05_streaming": "05 streaming"}
+               "stages.03_paged_kv": "03 paged", "stages.04_kernels": "04 kernels",
+               "stages.05_streaming": "05 streaming"}
 
 
 def device_arg(text: str) -> str:

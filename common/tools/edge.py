@@ -1,7 +1,7 @@
 """The edge lesson, measured: for each precision, the bytes one token reads, the time they imply, the time taken.
 
-    python -m common.edge [--model smollm2-135m] [--tokens 64] [--no-llama-cpp]
-    (``python -m common.roofline`` prints the same table after the article's.)
+    python -m common.tools.edge [--model smollm2-135m] [--tokens 64] [--no-llama-cpp]
+    (``python -m common.tools.roofline`` prints the same table after the article's.)
 
 Each precision runs in a fresh process, so its peak resident memory at load is its own
 (the checkpoint is memory-mapped: only the tensors a precision uses are ever read). Per
@@ -23,7 +23,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common.roofline import measure_read_bandwidth
+from common.tools.roofline import measure_read_bandwidth
 
 PRECISIONS = ("none", "int8", "int4")
 LONG_PROMPT = 512
@@ -40,7 +40,7 @@ def memory_mb(field: str) -> float:
 
 
 def prompts(tokenizer) -> tuple[list[int], list[int]]:
-    from common.quality import TEXT
+    from common.tools.quality import TEXT
     chat = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "How do vaccines work?"}]))
     return chat, tokenizer.encode(TEXT.read_text(encoding="utf-8"))[:LONG_PROMPT]
 
@@ -102,9 +102,9 @@ def measure_llama_cpp(tokens: int, threads: int) -> dict:
 
 
 def in_fresh_process(args: list[str]) -> dict:
-    run = subprocess.run([sys.executable, "-m", "common.edge", *args], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "common.tools.edge", *args], capture_output=True, text=True)
     if run.returncode != 0:
-        raise RuntimeError(f"common.edge {' '.join(args)} failed:\n{run.stderr[-2000:]}")
+        raise RuntimeError(f"common.tools.edge {' '.join(args)} failed:\n{run.stderr[-2000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 

@@ -5,7 +5,7 @@ a step can take no less than ``bytes read / memory bandwidth``. Batching shares 
 weight read among requests; the KV read grows with them. Capacity is the same
 arithmetic on memory: bytes per token times tokens held.
 
-``python -m common.roofline`` prints the article's worked example, then the same
+``python -m common.tools.roofline`` prints the article's worked example, then the same
 figures for SmolLM2 on this machine (measured copy bandwidth and matmul rate).
 """
 from __future__ import annotations
@@ -184,7 +184,7 @@ def main() -> None:
         console.print(table(f"{args.model} on this machine ({args.device}, {args.dtype})",
                             machine_figures(args.model, args.dtype, args.device)))
     if not (args.article_only or args.no_precisions):
-        from common.edge import main as edge_main
+        from common.tools.edge import main as edge_main
         edge_main(["--model", args.model])
 
 

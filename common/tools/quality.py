@@ -1,7 +1,7 @@
 """What a precision costs in quality: perplexity on a fixed text and agreement with bfloat16.
 
-    python -m common.quality                       # SmolLM2: bfloat16, int8, int4
-    python -m common.quality --prompts 16 --tokens 64 --window 1024
+    python -m common.tools.quality                       # SmolLM2: bfloat16, int8, int4
+    python -m common.tools.quality --prompts 16 --tokens 64 --window 1024
 
 * perplexity: exp(mean negative log-likelihood) of each token of a public-domain text
   (``tests/data``: two chapters of *Pride and Prejudice*), scored in windows of ``--window``
@@ -26,9 +26,9 @@ from rich.table import Table
 from common.kv_cache import ContiguousKVCache
 from common.reference import ReferenceLLM
 from common.sampling import SamplingParams
-from common.workloads import CHAT_QUESTIONS
+from common.tools.workloads import CHAT_QUESTIONS
 
-TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "pride_and_prejudice_ch2-3.txt"
+TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "pride_and_prejudice_ch2-3.txt"
 PRECISIONS = (None, "int8", "int4")
 
 
@@ -121,13 +121,18 @@ def main(argv=None) -> dict:
         table.add_column(name, justify="right")
     for figure in next(iter(rows.values())):
         cells = [rows[n][figure] for n in rows]
-        fmt = (lambda v: f"{v:.2%}") if "agreement" in figure else (lambda v: f"{v:,.3f}" if isinstance(v, float)
-                                                                       else f"{v}/{args.prompts}"
-                                                                       if "continuations" in figure else f"{v:,}")
-        table.add_row(figure, *map(fmt, cells))
+        table.add_row(figure, *(format_figure(figure, v, args.prompts) for v in cells))
     Console().print(table)
     return rows
 
 
 if __name__ == "__main__":
     main()
+
+
+def format_figure(figure: str, v, prompts: int) -> str:
+    if "agreement" in figure:
+        return f"{v:.2%}"
+    if isinstance(v, float):
+        return f"{v:,.3f}"
+    return f"{v}/{prompts}" if "continuations" in figure else f"{v:,}"
