@@ -72,10 +72,12 @@ def test_every_stage_gives_the_reference_tokens(reference, workload):
         assert not violations, (stage, violations[:3])
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype, quantization", [("bfloat16", None), ("float32", None), ("bfloat16", "int8"),
+                                                  ("bfloat16", "int4")])
 @pytest.mark.real_model
-def test_real_model_every_stage(dtype):
-    ref = ReferenceLLM("smollm2-135m", dtype=dtype)
+def test_real_model_every_stage(dtype, quantization):
+    """SmolLM2 itself, in each precision: greedy, top-k and top-p with a stop string, arrivals out of order."""
+    ref = ReferenceLLM("smollm2-135m", dtype=dtype, quantization=quantization)
     chat = lambda q: ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])  # noqa: E731
     prompts = [chat("Name a primary colour."), chat("What is 2 + 2?"), chat("Write a short greeting.")]
     params = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.8, top_k=50, seed=11,
@@ -85,7 +87,9 @@ def test_real_model_every_stage(dtype):
     knobs = {"max_num_seqs": 2, "block_size": 16, "spare_blocks": 0, "token_budget": 24,
              "enable_prefix_caching": True}
     for stage in STAGES:
-        got = run_in_order(build(stage, "smollm2-135m", dtype, knobs, prompts, params), prompts, params, [2, 0, 1])
+        llm = build(stage, "smollm2-135m", dtype, knobs, prompts, params, quantization)
+        assert llm.quantization == quantization
+        got = run_in_order(llm, prompts, params, [2, 0, 1])
         assert [g.token_ids for g in got] == expected, stage
 
 
@@ -104,25 +108,6 @@ def test_every_stage_gives_the_reference_tokens_quantized(quantized_reference, w
     for stage in STAGES:
         got = run_in_order(build(stage, "tiny", "bfloat16", knobs, prompts, params, q), prompts, params, order)
         assert [(g.token_ids, g.finish_reason) for g in got] == expected, (stage, q)
-
-
-@pytest.mark.parametrize("quantization", ["int8", "int4"])
-@pytest.mark.real_model
-def test_real_model_every_stage_quantized(quantization):
-    ref = ReferenceLLM("smollm2-135m", quantization=quantization)
-    chat = lambda q: ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])  # noqa: E731
-    prompts = [chat("Name a primary colour."), chat("What is 2 + 2?"), chat("Write a short greeting.")]
-    params = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.8, top_k=50, seed=11,
-                                                                           max_tokens=12),
-              SamplingParams(temperature=1.0, top_p=0.9, seed=5, max_tokens=10, stop=["!"])]
-    expected = [e.token_ids for e in ref.generate(prompts, params)]
-    knobs = {"max_num_seqs": 2, "block_size": 16, "spare_blocks": 0, "token_budget": 24,
-             "enable_prefix_caching": True}
-    for stage in STAGES:
-        llm = build(stage, "smollm2-135m", "bfloat16", knobs, prompts, params, quantization)
-        assert llm.quantization == quantization
-        got = run_in_order(llm, prompts, params, [2, 0, 1])
-        assert [g.token_ids for g in got] == expected, stage
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device: the GPU path is checked where "

@@ -42,19 +42,19 @@ class Scheduler:
                 seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, now
         return [i for i, s in enumerate(self.batch) if not s.is_finished], new
 
-    def postprocess(self, seqs: list[Sequence], lens: list[int], tokens: list[int | None]) -> None:
+    def postprocess(self, slots: list[int], lens: list[int], tokens: list[int | None]) -> None:
         """Record what the step computed and sampled; a finished request's slot stays taken until the batch ends."""
-        for seq, n, token in zip(seqs, lens, tokens):
-            advance(seq, n, token)
+        for i, n, token in zip(slots, lens, tokens):
+            advance(self.batch[i], n, token)
 
 
 class LLMEngine:
-    model_class = Llama
+    model_class, scheduler_class = Llama, Scheduler  # stage 02 swaps the scheduler
 
     def __init__(self, model: Llama, *, max_model_len: int, max_num_seqs: int):
         self.model, self.max_model_len = model, max_model_len
         self.runner = ModelRunner(model)
-        self.scheduler = Scheduler(max_num_seqs)
+        self.scheduler = self.scheduler_class(max_num_seqs)
         self.cache: ContiguousKVCache | None = None
         self.ran: list[Sequence] = []  # the requests of the last step
 
@@ -74,11 +74,16 @@ class LLMEngine:
             max_len = max(min(len(s) + s.params.max_tokens, self.max_model_len) for s in batch)
             self.cache = ContiguousKVCache(self.model.config, len(batch), max_len, self.model.dtype,
                                            self.model.device, self.model.batch_invariant)
-        seqs = self.ran = [batch[i] for i in slots]
+        return self.run(slots, [batch[i] for i in slots])
+
+    def run(self, slots: list[int], seqs: list[Sequence]) -> StepResult:
+        """Run one step of ``seqs`` (in these cache slots), then let the scheduler record what it produced."""
+        self.ran = seqs
+        # A request's first step feeds its whole prompt (prefill); later ones their last token (decode).
         lens, starts = [s.num_new_tokens for s in seqs], [s.num_cached_tokens for s in seqs]
         self.cache.prepare(slots, lens, [len(s) for s in seqs])
         tokens = self.runner.run(seqs, lens, self.cache)
-        self.scheduler.postprocess(seqs, lens, tokens)
+        self.scheduler.postprocess(slots, lens, tokens)
         return StepResult(seqs, lens, starts, tokens, slots=slots)
 
     def release(self) -> None:

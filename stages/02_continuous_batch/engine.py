@@ -7,6 +7,7 @@ positions per slot, used or not: the waste stage 03 removes.
 """
 from __future__ import annotations
 
+import importlib
 import time
 from collections import deque
 
@@ -14,8 +15,9 @@ from common.engine import StepResult, advance
 from common.kv_cache import ContiguousKVCache
 from common.llm import LLM as FrontEnd
 from common.model import Llama
-from common.runner import ModelRunner
 from common.sequence import Sequence, SequenceStatus
+
+static = importlib.import_module("stages.01_static_batch")
 
 
 class Scheduler:
@@ -47,55 +49,26 @@ class Scheduler:
                 self.slots[i] = None
 
 
-class LLMEngine:
-    model_class = Llama
+class LLMEngine(static.LLMEngine):
+    """Stage 01's engine with stage 02's scheduler, and one KV buffer for all slots, reserved up front."""
+    scheduler_class = Scheduler
 
     def __init__(self, model: Llama, *, max_model_len: int, max_num_seqs: int):
-        self.model = model
-        self.runner = ModelRunner(model)
-        self.scheduler = Scheduler(max_num_seqs)
+        super().__init__(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs)
         self.cache = ContiguousKVCache(model.config, max_num_seqs, max_model_len, model.dtype, model.device,
                                        model.batch_invariant)  # a row of max_model_len positions per slot
-        self.ran: list[Sequence] = []
-
-    def check(self, seq: Sequence) -> None:
-        pass
-
-    def add(self, seq: Sequence) -> None:
-        self.scheduler.add(seq)
-
-    def has_work(self) -> bool:
-        return self.scheduler.has_work()
 
     def step(self) -> StepResult:
         slots = self.scheduler.schedule()
-        seqs = self.ran = [self.scheduler.slots[i] for i in slots]
-        # A newcomer feeds its whole prompt (prefill); the others their last token (decode).
-        lens, starts = [s.num_new_tokens for s in seqs], [s.num_cached_tokens for s in seqs]
-        self.cache.prepare(slots, lens, [len(s) for s in seqs])
-        tokens = self.runner.run(seqs, lens, self.cache)
-        self.scheduler.postprocess(slots, lens, tokens)
-        return StepResult(seqs, lens, starts, tokens, slots=slots)
+        return self.run(slots, [self.scheduler.slots[i] for i in slots])
 
     def release(self) -> None:
         self.scheduler.waiting.clear()
         self.scheduler.slots = [None] * len(self.scheduler.slots)
 
-    # ---- gauges the statistics read after each step --------------------------------------
     @property
     def num_slots(self) -> int:
         return len(self.scheduler.slots)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.ran)
-
-    def kv_bytes_reserved(self) -> int:
-        return self.cache.reserved_bytes
-
-    def kv_bytes_used(self) -> int:
-        per_token = self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
-        return sum(s.num_cached_tokens for s in self.ran) * per_token
 
 
 class LLM(FrontEnd):

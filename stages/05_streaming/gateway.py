@@ -136,6 +136,14 @@ class RemoteEngine:
     async def metrics(self) -> str:
         return self.gateway_metrics.render((await self.replica_states())[1])
 
+    def run_forever(self, stop, on_start=None) -> None:
+        """`serve` hands its main thread to the engine loop; here the engines step in their replicas, so the
+        thread only starts HTTP (``on_start``) and waits, where a signal can reach it, until ``stop`` is set."""
+        if on_start is not None:
+            on_start()
+        while not stop.wait(0.5):
+            pass
+
     def shutdown(self) -> None:
         for stream in list(self.streams.values()):
             stream.abort()

@@ -16,10 +16,14 @@ import os
 import signal
 import threading
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from .engine import LLM
+
+if TYPE_CHECKING:
+    from .gateway import RemoteEngine
 
 
 class Drain:
@@ -48,7 +52,7 @@ class Drain:
         self.abort_all()  # whatever uvicorn had to cancel must not keep its KV blocks
 
 
-def serve(llm, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smollm2-135m",
+def serve(llm: LLM | RemoteEngine, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smollm2-135m",
           shutdown_timeout: float = 5.0, **app_options) -> None:
     """The engine loop on this (the main) thread, HTTP in a background thread; SIGTERM/SIGINT drain the
     server within ``shutdown_timeout`` seconds, a second signal exits at once."""
@@ -75,10 +79,6 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smo
         finally:
             stopped.set()
 
-    http_thread = threading.Thread(target=run_http, name="http", daemon=True)
-    if isinstance(llm, LLM):  # torch runs on the main thread, at full speed; a drained server exits with 0
-        llm.run_forever(stopped, on_start=http_thread.start)
-    else:  # the engines are elsewhere (the cluster's replicas): the main thread only waits for signals
-        http_thread.start()
-        while not stopped.wait(0.5):
-            pass
+    # torch runs on the main thread, at full speed (a local LLM; the cluster's engine only waits here); a drained
+    # server exits with 0.
+    llm.run_forever(stopped, on_start=threading.Thread(target=run_http, name="http", daemon=True).start)
