@@ -291,6 +291,10 @@ def test_shutdown_ends_the_requests_in_flight(reference):
     llm.shutdown()
     rest = list(stream)
     assert rest[-1].finish_reason == "abort" and "shut down" in rest[-1].error
+    # The final chunk adds nothing to the text, carries the request's own metrics, and the request is counted once,
+    # as aborted (the server's usage and /metrics read these).
+    assert (rest[-1].text, rest[-1].token_ids) == ("", []) and rest[-1].metrics is stream.seq.metrics
+    assert stream.seq.finish_reason == "abort" and llm.metrics.finished == {"abort": 1}
     assert len([t for c in [first, *rest] for t in c.token_ids]) < 2000
     assert llm.engine.block_manager.num_used_blocks == 0 and not llm.engine.has_work()
 
