@@ -1,6 +1,15 @@
-"""Batch-invariant causal attention in a fixed number of tensor operations per layer.
+"""Batch-invariant causal attention: a compiled kernel on CPU, a fixed number of tensor operations elsewhere.
 
-Invariance needs one thing: the order in which each row's reductions run (over the
+On CPU, where the machine's C++ compiler builds it, attention is one call of a small kernel
+(``common/native/attention.cpp``): one task per query token and KV head reads that token's
+keys in place through the chunk table and runs every reduction in one fixed order, so no
+task's result depends on any other. It replaced about 25 tensor operations per layer whose
+dispatch dominated small steps (measured in ``stages/03_paged_kv/README.md``). Everywhere
+else (CUDA, or no compiler, or ``STEPWISE_NATIVE_ATTENTION=0``) the tensor-op version below
+runs. The two are each batch-invariant and each close to plain attention, but they round
+differently, so one process uses one of them for the reference and every stage alike.
+
+The tensor-op version. Invariance needs one thing: the order in which each row's reductions run (over the
 head dimension for a score, over keys for the softmax sum and for P·V) must not depend
 on what else is in the step. So keys are cut into tiles of ``KEY_TILE`` positions,
 always at the same boundaries (0-63, 64-127, ...), and every reduction runs over one
@@ -68,16 +77,24 @@ class AttentionMetadata:
     groups: list[TileGroup]
     out_index: torch.Tensor | None  # [tokens * heads]: each q row's place in the groups' output rows (None: in place)
     plain: "PaddedBatch | None" = None  # set instead of the tiles for plain (not batch-invariant) math
+    native: "NativeTable | None" = None  # set instead of the tiles where the compiled CPU kernel runs
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], num_heads: int, num_kv_heads: int,
               chunk_table: np.ndarray, chunk_len: int, head_stride: int,
-              device: torch.device | str = "cpu", batch_invariant: bool = True) -> "AttentionMetadata":
+              device: torch.device | str = "cpu", batch_invariant: bool = True,
+              native: bool | None = None) -> "AttentionMetadata":
+        """native: the compiled CPU kernel (None: wherever it runs, see ``common.native``), or the tensor-op tiles."""
         assert KEY_TILE % chunk_len == 0, "a key tile must be whole chunks"
         if not batch_invariant:
             return cls(list(query_lens), list(context_lens), [], None,
                        PaddedBatch.build(query_lens, context_lens, num_kv_heads, chunk_table, chunk_len, head_stride,
                                          device))
+        if native is None:
+            native = uses_native(torch.device(device))
+        if native:
+            return cls(list(query_lens), list(context_lens), [], None, native=NativeTable.build(
+                query_lens, context_lens, num_kv_heads, chunk_table, head_stride, device))
         n, ctx = np.asarray(query_lens), np.asarray(context_lens)
         first_token = np.concatenate([[0], np.cumsum(n)[:-1]])
         geometry = (num_heads, num_kv_heads, chunk_table, chunk_len, head_stride)
@@ -152,6 +169,10 @@ def attention(q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor,
     """
     if meta.plain is not None:
         return meta.plain.attention(q, k_chunks, v_chunks)
+    if meta.native is not None:
+        t = meta.native
+        return torch.ops.stepwise.attention(q, k_chunks, v_chunks, t.token_seq, t.token_pos, t.chunk_table,
+                                            t.num_kv_heads, t.head_stride)
     tokens, heads, d = q.shape
     q_flat = q.reshape(tokens * heads, d).float()  # scores are computed in float32
     k_flat, v_flat = k_chunks.reshape(-1, k_chunks.shape[1] * d), v_chunks.reshape(-1, v_chunks.shape[1] * d)
@@ -179,6 +200,41 @@ def _attend(q_flat, k_flat, v_flat, g: TileGroup, d: int) -> torch.Tensor:
     by_key.index_copy_(0, g.pair_slot, partial)
     total = by_key.view(g.tiles, g.max_key_tiles, g.rows, d + 1).cumsum(1)[:, -1]
     return (total[..., :d] / total[..., d:]).to(v_flat.dtype).view(-1, d)
+
+
+def describe_attention(device: torch.device, batch_invariant: bool = True) -> str:
+    if not batch_invariant:
+        return "attention: plain math, torch's fused attention on the padded batch (not batch-invariant)"
+    if device.type != "cpu":
+        return f"attention: tensor ops on {device.type}"
+    from common import native
+
+    return native.describe()
+
+
+def uses_native(device: torch.device) -> bool:
+    """Whether attention on ``device`` runs the compiled CPU kernel (``common.native``)."""
+    from common import native  # builds the kernel on first use
+
+    return native.enabled(device)
+
+
+@dataclass
+class NativeTable:
+    """What the compiled kernel reads: each token's sequence and position, and the sequences' chunk tables."""
+    token_seq: torch.Tensor  # [tokens]
+    token_pos: torch.Tensor  # [tokens]: the token attends keys 0 .. pos of its sequence
+    chunk_table: torch.Tensor  # [seqs, width]
+    num_kv_heads: int
+    head_stride: int
+
+    @classmethod
+    def build(cls, query_lens, context_lens, num_kv_heads, chunk_table, head_stride, device) -> "NativeTable":
+        n, ctx = np.asarray(query_lens), np.asarray(context_lens)
+        seq = np.repeat(np.arange(n.size), n)
+        pos = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(ctx - n, n)
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
+        return cls(t(seq), t(pos), t(chunk_table), num_kv_heads, head_stride)
 
 
 @dataclass

@@ -15,6 +15,7 @@ import torch
 
 from common import ops
 from common.config import ModelConfig
+from common.attention import describe_attention
 from common.invariant import ROW_TILE, choose_row_tile
 from common.quant import LinearFactory
 
@@ -58,6 +59,7 @@ class Llama:
             for lin in linears:
                 lin.plain = True
             self.row_tile_note = "linears: plain math, one matmul per linear on the whole batch (not batch-invariant)"
+        self.attention_note = describe_attention(self.device, batch_invariant)
 
     @property
     def weight_bytes(self) -> int:

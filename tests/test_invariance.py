@@ -8,11 +8,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from common import ops
+from common import native, ops
 from common.attention import AttentionMetadata, attention
 from common.invariant import CANDIDATE_TILES, ROW_TILE, Linear, choose_row_tile, find_row_tile, order_revealing_rows
 
 DTYPES = [torch.float32, torch.bfloat16]
+# The compiled CPU kernel where this machine builds it (common.native), and the tensor-op tiles everywhere.
+IMPLEMENTATIONS = [False] + ([True] if native.load() else [])
 CPU = torch.device("cpu")
 SMOLLM2_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]  # qkv, o, gate_up, down, head
 
@@ -88,7 +90,7 @@ class PagedStorage:
         k = self.k[blocks].transpose(1, 2).reshape(-1, self.kvh, self.d)[:ctx]
         return k, self.v[blocks].transpose(1, 2).reshape(-1, self.kvh, self.d)[:ctx]
 
-    def run(self, q, seqs, query_lens, context_lens, num_heads):
+    def run(self, q, seqs, query_lens, context_lens, num_heads, native=None):
         g, bs = self.chunk_len, self.bs
         width = -(-max(context_lens) // g)
         table = np.zeros((len(seqs), width), dtype=np.int64)
@@ -96,7 +98,8 @@ class PagedStorage:
             n = -(-context_lens[i] // g)
             pos = np.arange(n) * g
             table[i, :n] = np.asarray(self.tables[s])[pos // bs] * self.kvh * (bs // g) + (pos % bs) // g
-        meta = AttentionMetadata.build(query_lens, context_lens, num_heads, self.kvh, table, g, bs // g)
+        meta = AttentionMetadata.build(query_lens, context_lens, num_heads, self.kvh, table, g, bs // g,
+                                       native=native)
         return attention(q, self.k.view(-1, g, self.d), self.v.view(-1, g, self.d), meta)
 
 
@@ -104,24 +107,26 @@ class PagedStorage:
 @given(seqs=st.lists(st.tuples(st.integers(1, 150), st.integers(0, 200)), min_size=1, max_size=5),
        heads=st.sampled_from([(6, 2), (9, 3), (4, 4), (8, 1)]), d=st.sampled_from([32, 64]),
        block_size=st.sampled_from([1, 4, 16, 48, 128]), dtype=st.sampled_from(DTYPES),
-       seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([0.1, 1.0, 8.0]), data=st.data())
-def test_attention_is_exact_and_batch_invariant(seqs, heads, d, block_size, dtype, seed, scale, data):
+       seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([0.1, 1.0, 8.0]),
+       native=st.sampled_from(IMPLEMENTATIONS), data=st.data())
+def test_attention_is_exact_and_batch_invariant(seqs, heads, d, block_size, dtype, seed, scale, native, data):
     """Each sequence's output equals its output alone bit for bit, whatever else is in the step, the arrival
-    order, or how its prompt is chunked; and it equals plain torch attention within rounding."""
+    order, or how its prompt is chunked; and it equals plain torch attention within rounding. Both
+    implementations: the compiled CPU kernel (native) and the tensor-op tiles."""
     nh, nkv = heads
     gen = torch.Generator().manual_seed(seed)
     qlens, ctx = [n for n, _ in seqs], [n + past for n, past in seqs]
     store = PagedStorage(gen, ctx, nkv, d, block_size, dtype, scale)
     q = randn(gen, sum(qlens), nh, d, scale=scale, dtype=dtype)
     starts = np.concatenate([[0], np.cumsum(qlens)])
-    out = store.run(q, list(range(len(seqs))), qlens, ctx, nh)
+    out = store.run(q, list(range(len(seqs))), qlens, ctx, nh, native)
     order = data.draw(st.permutations(range(len(seqs))))
     permuted = store.run(torch.cat([q[starts[s]:starts[s + 1]] for s in order]), order,
-                         [qlens[s] for s in order], [ctx[s] for s in order], nh)
+                         [qlens[s] for s in order], [ctx[s] for s in order], nh, native)
     p_starts = np.concatenate([[0], np.cumsum([qlens[s] for s in order])])
     for s, (n, c) in enumerate(zip(qlens, ctx)):
         mine = q[starts[s]:starts[s + 1]]
-        alone = store.run(mine, [s], [n], [c], nh)
+        alone = store.run(mine, [s], [n], [c], nh, native)
         assert torch.equal(out[starts[s]:starts[s + 1]], alone)
         i = order.index(s)
         assert torch.equal(permuted[p_starts[i]:p_starts[i + 1]], alone)
@@ -129,8 +134,8 @@ def test_attention_is_exact_and_batch_invariant(seqs, heads, d, block_size, dtyp
         torch.testing.assert_close(alone.float(), torch_attention(mine, k, v, c - n), rtol=3e-2, atol=3e-2)
         if n > 1:  # chunked prefill: the first `cut` queries in one step, the rest in a later one
             cut = data.draw(st.integers(1, n - 1))
-            first = store.run(mine[:cut], [s], [cut], [c - n + cut], nh)
-            second = store.run(mine[cut:], [s], [n - cut], [c], nh)
+            first = store.run(mine[:cut], [s], [cut], [c - n + cut], nh, native)
+            second = store.run(mine[cut:], [s], [n - cut], [c], nh, native)
             assert torch.equal(torch.cat([first, second]), alone)
 
 

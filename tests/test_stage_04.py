@@ -102,12 +102,20 @@ def test_fused_cpu_kernels_give_the_reference_bits(dtype):
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
-def test_a_decode_step_runs_the_same_tensor_operations_at_any_context_length():
+@pytest.mark.parametrize("native", [True, False], ids=["compiled-attention", "tensor-op-attention"])
+def test_a_decode_step_runs_the_same_tensor_operations_at_any_context_length(native, monkeypatch):
     """The fusion report's counter on stage 03's step: attention is a fixed number of operations per layer, so
     a step at ~20 tokens of context and one at ~90 (a second 64-key tile) run the same operations."""
+    from common import native as compiled
+    if native and not compiled.load():
+        pytest.skip(f"the CPU attention kernel {compiled.build_note()}")
+    monkeypatch.setenv("STEPWISE_NATIVE_ATTENTION", "1" if native else "0")
     report = importlib.import_module("stages.04_kernels.fusion_report")
     short, long = (report.decode_step_counts("stages.03_paged_kv", 4, context, model="tiny") for context in (20, 90))
     assert short["ops"] == long["ops"] > 0 and short["by_op"] == long["by_op"]
     assert long["bytes"] > short["bytes"]  # more keys are read, by the same operations
     layers = ReferenceLLM("tiny").config.num_hidden_layers
-    assert short["by_op"]["bmm"] == 2 * layers  # per layer: one for all scores, one for all P·V
+    if native:  # per layer: one kernel call
+        assert short["by_op"]["attention"] == layers and "bmm" not in short["by_op"]
+    else:  # per layer: one bmm for all scores, one for all P·V
+        assert short["by_op"]["bmm"] == 2 * layers

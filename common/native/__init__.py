@@ -1,0 +1,106 @@
+"""Build (once per machine) and load the CPU attention kernel, ``torch.ops.stepwise.attention``.
+
+Why a compiled kernel on CPU: the same attention written with tensor operations costs
+about 25 of them per layer, each a few microseconds of dispatch on tiny tensors, plus a
+copy of every key and value it gathers; a decode step of one request spent a quarter of
+its time there. The kernel (``attention.cpp``) reads keys and values in place through the
+chunk table and fixes every reduction's order by construction (see its header).
+
+It is compiled with the machine's C++ compiler against torch's headers into
+``$STEPWISE_HOME/native`` (keyed by the source, torch and the CPU, so a cached build is never
+used on another machine) and loaded with ``torch.ops.load_library``. Set
+``STEPWISE_NATIVE_ATTENTION=0`` to use the tensor-op attention instead; where no compiler
+works, that is what runs, and ``describe()`` says so.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from common.paths import home
+
+SOURCE = Path(__file__).with_name("attention.cpp")
+# No fast-math and no contraction of a multiply and an add into one rounding: every path the compiler
+# generates for a loop (vector body, scalar remainder) then rounds the same way.
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-fopenmp"]
+_state: dict[Path, dict] = {}  # per source: ok, path, seconds to build (0: cached), error
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether attention on ``device`` runs the compiled kernel (building it on first use)."""
+    if device.type != "cpu" or os.environ.get("STEPWISE_NATIVE_ATTENTION", "1") == "0":
+        return False
+    return load()
+
+
+def load(source: Path = SOURCE) -> bool:
+    """Build (or find) and load the library of ``source``; False, with the reason kept, where that fails."""
+    state = _state.setdefault(source, {})
+    if "ok" not in state:
+        try:
+            path, built = _build(source)
+            torch.ops.load_library(str(path))
+            state.update(ok=True, path=path, built=built)
+        except Exception as e:  # no compiler, no headers: the tensor-op version runs instead
+            state.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}")
+    return state["ok"]
+
+
+def build_note(source: Path = SOURCE) -> str:
+    """How the library of ``source`` was had: '(compiled in 16 s)', '(cached build)' or why it failed."""
+    if not load(source):
+        return f"did not build: {_state[source]['error']}"
+    built = _state[source]["built"]
+    return f"compiled in {built:.0f} s, now cached" if built else "cached build"
+
+
+def describe() -> str:
+    if os.environ.get("STEPWISE_NATIVE_ATTENTION", "1") == "0":
+        return "attention: tensor ops (STEPWISE_NATIVE_ATTENTION=0)"
+    if not load():
+        return f"attention: tensor ops (the CPU kernel {build_note()})"
+    return f"attention: compiled CPU kernel ({build_note()})"
+
+
+def _key(source: Path) -> str:
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu += "".join(line for line in f if line.startswith(("model name", "flags")))[:4000]
+    except OSError:
+        pass
+    raw = f"{source.read_bytes()!r}|{FLAGS}|{torch.__version__}|{cpu}|{sys.version_info[:2]}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _build(source: Path) -> tuple[Path, float]:
+    """The shared library for this machine: compiled now (seconds taken) or found (0)."""
+    folder = home() / "native"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{source.stem}-{_key(source)}.so"
+    if target.exists():
+        return target, 0.0
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    start = time.perf_counter()
+    lib = library_paths()[0]
+    abi = int(torch.compiled_with_cxx11_abi())
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        out = Path(tmp) / target.name
+        cmd = [os.environ.get("CXX", "c++"), *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+               *[f"-I{p}" for p in include_paths()], f"-I{sysconfig.get_paths()['include']}", str(source),
+               "-o", str(out), f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{cmd[0]} failed: {result.stderr.strip()[-2000:]}")
+        os.replace(out, target)  # atomic: a concurrent build never leaves half a file
+    return target, time.perf_counter() - start
