@@ -1,4 +1,5 @@
 """Stage 04: the reference's tokens on CPU (torch path), and the kernel path itself, interpreted."""
+import dataclasses
 import importlib
 import os
 import subprocess
@@ -76,7 +77,7 @@ def test_gpu_check_refuses_without_cuda():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.real_model
 def test_fused_cpu_kernels_give_the_reference_bits(dtype):
-    """The AOTInductor kernels of common.ops against the eager functions: hidden states and logits bit for bit,
+    """The fused C++ kernels against common.ops' eager functions: hidden states and logits bit for bit,
     on the real model, for a step that mixes a prefill chunk with decodes."""
     import torch
 
@@ -119,3 +120,33 @@ def test_a_decode_step_runs_the_same_tensor_operations_at_any_context_length(nat
         assert short["by_op"]["attention"] == layers and "bmm" not in short["by_op"]
     else:  # per layer: one bmm for all scores, one for all P·V
         assert short["by_op"]["bmm"] == 2 * layers
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 70), hidden=st.sampled_from([192, 576]), dtype=st.sampled_from(["bfloat16", "float32"]),
+       scale=st.sampled_from([1e-3, 1.0, 60.0]), heads=st.sampled_from([(9, 3), (6, 2), (4, 4)]),
+       seed=st.integers(0, 2**32 - 1))
+def test_fused_cpu_kernels_match_common_ops_bit_for_bit(rows, hidden, dtype, scale, heads, seed):
+    """The C++ kernels against the functions they fuse (common.ops), on drawn data: every bit."""
+    import torch
+
+    from common import ops
+    cpu_fusion = importlib.import_module("stages.04_kernels.cpu_fusion")
+    config = ReferenceLLM("tiny").config
+    fused = cpu_fusion.FusedCPU(config, getattr(torch, dtype))
+    gen = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, dtype)
+    x = (torch.randn(rows, hidden, generator=gen) * scale).to(dt)
+    residual = torch.randn(rows, hidden, generator=gen).to(dt)
+    weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dt)
+    eps = config.rms_norm_eps
+    for got, want in zip(fused.add_rms_norm(x, residual, weight), ops.add_rms_norm(x, residual, weight, eps)):
+        assert torch.equal(got, want)
+    nq, nkv = heads
+    d = 64
+    fused.config = dataclasses.replace(config, num_attention_heads=nq, num_key_value_heads=nkv, head_dim=d)
+    qkv = (torch.randn(rows, (nq + 2 * nkv) * d, generator=gen) * scale).to(dt)
+    angles = torch.randint(0, 4096, (rows, 1), generator=gen) * (1e4 ** -(torch.arange(0, d, 2) / d))
+    cos, sin = ops.rope_tables(angles.cos(), angles.sin())
+    for got, want in zip(fused.rope_qkv(qkv, cos, sin), ops.rope_qkv(qkv, cos, sin, nq, nkv)):
+        assert torch.equal(got, want)

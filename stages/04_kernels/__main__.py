@@ -1,5 +1,5 @@
-"""python -m stages.04_kernels [--compare] [--gpu-check]: stage 04 (fused kernels: Triton on CUDA, AOTInductor on
-CPU), says which path ran."""
+"""python -m stages.04_kernels [--compare] [--gpu-check]: stage 04 (fused kernels: Triton on CUDA, C++ on CPU),
+says which path ran."""
 import importlib
 import sys
 

@@ -1,127 +1,69 @@
-"""Fused element-wise kernels on CPU: the reference's own functions, compiled ahead of time.
+"""Fused element-wise kernels on CPU: ``cpu_kernels.cpp``, hand-written like the Triton ones on CUDA.
 
-``common.ops`` spells out every rounding of the model's element-wise math. Here those same
-Python functions are exported (``torch.export``) and compiled by AOTInductor into C++
-kernels: one pass over memory per function instead of one per operation, and one call
-instead of a dozen. Three settings keep the bits of the reference:
+``common.ops`` spells out every rounding of the model's element-wise math; the C++ kernels
+repeat those steps in one pass over a row (``add_rms_norm``: the residual add, the float64
+sum of squares in ``ops.LANES`` lanes, the root, the scale; ``rope_qk``: q and k rotated where
+they lie in the merged projection's output) and give the same bits (``-ffp-contract=off``, no
+fast-math; ``tests/test_stage_04.py`` checks hidden states and logits bit for bit on the real
+model). SwiGLU stays torch's: ``silu`` rounds through torch's own vectorized ``exp``, which a
+kernel of ours could only match by copying that math library.
 
-* ``emulate_precision_casts``: round to the model's dtype wherever eager torch rounds;
-* inductor's defaults ``-ffp-contract=off`` and no unsafe math: no multiply-add is fused
-  into one rounding and no sum is reordered;
-* the functions hold no ``exp`` of their own (``silu`` is the same vectorized code in
-  both); the attention's ``exp`` stays in torch, whose CPU ``exp`` differs from
-  inductor's in the last bit.
-
-Compiling takes tens of seconds per model shape and dtype, so the packages are cached in
-``$STEPWISE_HOME/fused`` (keyed by the machine, torch, the shapes and the source of
-``common.ops``) and that time is reported apart from any throughput.
+Why hand-written rather than generated: an earlier version compiled ``common.ops`` with
+AOTInductor. Its kernels were exact too, but each call cost about 25 µs in the runner's
+Python wrapper, and its generated RMSNorm kept the float64 scan scalar, so at one request the
+fused step was no faster than the eager one. These cost a few microseconds a call (measured in
+the stage README). The library is compiled once per machine by ``common.native`` (about 20 s)
+into ``$STEPWISE_HOME/native``; that time is reported apart from any throughput.
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
-import platform
 import time
+from pathlib import Path
 
 import torch
 
-from common import ops
+from common import native, ops
 from common.config import ModelConfig
-from common.paths import home
 
-FORMAT = 2  # bump when the exported functions or their inputs change
-
-
-class _Norm(torch.nn.Module):
-    def __init__(self, eps: float):
-        super().__init__()
-        self.eps = eps
-
-    def forward(self, x, residual, weight):
-        return ops.add_rms_norm(x, residual, weight, self.eps)
-
-
-class _RopeQKV(torch.nn.Module):
-    def __init__(self, heads: int, kv_heads: int):
-        super().__init__()
-        self.heads, self.kv_heads = heads, kv_heads
-
-    def forward(self, qkv, cos, sin):
-        return ops.rope_qkv(qkv, cos, sin, self.heads, self.kv_heads)
-
-
-class _SwiGLU(torch.nn.Module):
-    def forward(self, gate_up):
-        return ops.swiglu(gate_up)
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 
 
 class FusedCPU:
-    """AOTInductor packages of ``ops.add_rms_norm``, ``ops.rope_qkv`` and ``ops.swiglu`` for one model shape."""
+    """The fused CPU kernels for one model: ``add_rms_norm``, ``rope_qkv``; ``swiglu`` runs torch's ops."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
-        c, d = config, config.head_dim
-        tokens = torch.export.Dim("tokens", min=1, max=c.max_position_embeddings)
-        # Distinct example tensors: inputs that alias each other would be traced as one input.
-        example = lambda *shape, dt=dtype: torch.randn(*shape).to(dt)  # noqa: E731
-        qkv_width = (c.num_attention_heads + 2 * c.num_key_value_heads) * d
-        specs = {  # name: (module, example inputs, which input dims follow the step's token count)
-            "add_rms_norm": (_Norm(c.rms_norm_eps), (example(8, c.hidden_size), example(8, c.hidden_size),
-                                                      example(c.hidden_size)), ({0: tokens}, {0: tokens}, None)),
-            "rope_qkv": (_RopeQKV(c.num_attention_heads, c.num_key_value_heads),
-                         (example(8, qkv_width), example(8, 1, d, dt=torch.float32),
-                          example(8, 1, d, dt=torch.float32)),
-                         ({0: tokens}, {0: tokens}, {0: tokens})),
-            "swiglu": (_SwiGLU(), (example(8, 2 * c.intermediate_size),), ({0: tokens},)),
-        }
-        key = _cache_key(config, dtype)
-        folder = home() / "fused"
-        folder.mkdir(parents=True, exist_ok=True)
-        self.compile_seconds, self.cached = 0.0, True
+        self.config, self.dtype = config, dtype
         start = time.perf_counter()
-        self.kernels = {}
-        for name, (module, example, dynamic) in specs.items():
-            path = folder / f"{name}-{key}.pt2"
-            if not path.exists():
-                self.cached = False
-                compiled = time.perf_counter()
-                with torch._inductor.config.patch(emulate_precision_casts=True):
-                    exported = torch.export.export(module, example, dynamic_shapes=dynamic)
-                    torch._inductor.aoti_compile_and_package(exported, package_path=str(path))
-                self.compile_seconds += time.perf_counter() - compiled
-            self.kernels[name] = torch._inductor.aoti_load_package(str(path))
-        self.load_seconds = time.perf_counter() - start - self.compile_seconds
+        if not native.load(SOURCE):
+            raise RuntimeError(f"the fused CPU kernels {native.build_note(SOURCE)}")
+        self.compile_seconds = time.perf_counter() - start
+        self.cached = native.build_note(SOURCE) == "cached build"
         self.calls = 0  # kernel calls
         self.counter = None  # fusion_report.StepCounter while the report counts a step
 
     @property
     def note(self) -> str:
-        how = "loaded from cache" if self.cached else f"compiled in {self.compile_seconds:.0f} s, now cached"
-        return f"{len(self.kernels)} AOTInductor kernels, {how}"
+        return f"2 C++ kernels, {native.build_note(SOURCE)}"
 
     def add_rms_norm(self, x, residual, weight):
-        return self._call("add_rms_norm", x.contiguous(), residual, weight)
+        return self._call("add_rms_norm", torch.ops.stepwise_fused.add_rms_norm, x, residual, weight,
+                          self.config.rms_norm_eps)
 
     def rope_qkv(self, qkv, cos, sin):
-        return self._call("rope_qkv", qkv.contiguous(), cos, sin)
+        c = self.config
+        qk = self._call("rope_qk", torch.ops.stepwise_fused.rope_qk, qkv, cos, sin, c.num_attention_heads,
+                        c.num_key_value_heads)[0]
+        q_and_k = (c.num_attention_heads + c.num_key_value_heads) * c.head_dim
+        return (qk[:, :c.num_attention_heads], qk[:, c.num_attention_heads:],
+                qkv[:, q_and_k:].view(qkv.shape[0], c.num_key_value_heads, c.head_dim))
 
     def swiglu(self, gate_up):
-        return self._call("swiglu", gate_up.contiguous())[0]
+        return ops.swiglu(gate_up)
 
-    def _call(self, name: str, *inputs) -> tuple[torch.Tensor, ...]:
+    def _call(self, name: str, kernel, *inputs) -> tuple[torch.Tensor, ...]:
         self.calls += 1
-        outputs = self.kernels[name](*inputs)
-        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)  # one output comes bare
+        outputs = kernel(*inputs)
+        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
         if self.counter is not None:
-            self.counter.record(f"fused {name}", inputs, outputs)
+            self.counter.record(f"fused {name}", [a for a in inputs if isinstance(a, torch.Tensor)], outputs)
         return outputs
-
-
-def _cache_key(config: ModelConfig, dtype: torch.dtype) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu += "".join(line for line in f if line.startswith(("model name", "flags")))
-    except OSError:
-        pass
-    raw = f"{FORMAT}|{torch.__version__}|{cpu}|{dtype}|{config}|{inspect.getsource(ops)}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]

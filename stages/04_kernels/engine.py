@@ -2,7 +2,7 @@
 
 Nothing about scheduling, paging or caching changes: the engine is stage 03's with two parts
 swapped. The model's element-wise operations (`KernelLlama`) run as fused kernels (Triton on
-CUDA, AOTInductor-compiled C++ on CPU), and the KV cache's write (`KernelPagedCache`) as a
+CUDA, hand-written C++ on CPU), and the KV cache's write (`KernelPagedCache`) as a
 Triton kernel on CUDA, where the paged decode-attention kernel is an opt-in.
 """
 from __future__ import annotations

@@ -52,7 +52,16 @@ class StepCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func.namespace == "stepwise_fused":
+            return out  # the fused kernels are counted by FusedCPU itself, as "fused <name>"
         name = func.overloadpacket.__name__
+        if func.namespace == "stepwise":  # the compiled attention reads its sequences' keys, not the whole pool
+            q, k_chunks, _, token_seq, token_pos, _, kv_heads, _ = args
+            context = torch.zeros(int(token_seq.max()) + 1, dtype=torch.long).scatter_reduce(
+                0, token_seq, token_pos + 1, "amax")
+            read = 2 * int(context.sum()) * kv_heads * q.shape[-1] * k_chunks.element_size()
+            self.record(name, [q, token_seq, token_pos, torch.empty(read, dtype=torch.uint8)], out)
+            return out
         if name in GATHERS:  # reads the gathered rows (not the whole source) and writes them
             indices = [a for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point()]
             self.record(name, [out] + indices, out)

@@ -1,5 +1,5 @@
 """The Llama forward pass with its element-wise operations fused: Triton kernels on CUDA,
-AOTInductor-compiled C++ kernels on CPU. Both reproduce ``common.ops`` bit for bit, so the
+hand-written C++ kernels on CPU. Both reproduce ``common.ops`` bit for bit, so the
 tokens stay the reference's.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def describe_path(device: torch.device) -> str:
     if available:
         return path
     if device.type == "cpu" and os.environ.get("STEPWISE_NO_FUSION") != "1":
-        return "fused CPU kernels (AOTInductor, compiled once per machine and model, then cached)"
+        return "fused CPU kernels (C++, compiled once per machine, then cached)"
     return f"torch path on {device.type} ({path})"
 
 
@@ -44,8 +44,11 @@ class KernelLlama(Llama):
             self.kernels = elementwise
         elif self.device.type == "cpu" and os.environ.get("STEPWISE_NO_FUSION") != "1":
             from .cpu_fusion import FusedCPU
-            self.fused = FusedCPU(self.config, self.dtype)
-            self.path = f"fused CPU kernels ({self.fused.note})"
+            try:
+                self.fused = FusedCPU(self.config, self.dtype)
+                self.path = f"fused CPU kernels ({self.fused.note})"
+            except RuntimeError as e:  # no working C++ compiler: stage 03's torch code, and say why
+                self.path = f"torch path on cpu ({e})"
         else:
             self.path = f"torch path on {self.device.type} ({self.path})"
 

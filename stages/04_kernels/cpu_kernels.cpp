@@ -1,0 +1,127 @@
+// Fused element-wise kernels for CPU: common/ops.py's add_rms_norm and RoPE, one pass and one call each.
+//
+// They must give the reference's bits, so every step below is one of common/ops.py's operations, rounded
+// where torch rounds it: a bfloat16 add or multiply is computed in float and rounded to bfloat16
+// (nearest even); a float32 operation rounds to float32; the sum of squares runs in float64 in the order
+// ops.py fixes (16 interleaved lanes, each in order, then the lanes in order); the root is taken in
+// float64. Compiled with -ffp-contract=off, so no multiply and add become one rounding. Built by
+// common/native; the bit-for-bit tests are in tests/test_stage_04.py.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+constexpr int LANES = 16;  // common.ops.LANES
+
+// Widening is exact; narrowing rounds to nearest even, as torch does. The bfloat16 ones are written with
+// integer operations so that a loop over a row vectorizes.
+inline float widen(float x) { return x; }
+inline float widen(at::Half x) { return static_cast<float>(x); }
+inline float widen(at::BFloat16 x) {
+  union { uint32_t i; float f; } u = {static_cast<uint32_t>(x.x) << 16};
+  return u.f;
+}
+
+template <typename scalar_t>
+inline scalar_t round_to(float x) { return static_cast<scalar_t>(x); }
+
+template <>
+inline at::BFloat16 round_to<at::BFloat16>(float x) {
+  union { float f; uint32_t i; } u = {x};
+  uint32_t rounded = (u.i + 0x7FFFu + ((u.i >> 16) & 1u)) >> 16;
+  rounded = x != x ? 0x7FC0u : rounded;  // NaN stays a NaN
+  return at::BFloat16(static_cast<uint16_t>(rounded), at::BFloat16::from_bits());
+}
+
+// (RMSNorm(x + residual) * weight, x + residual) for rows of `hidden` values.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.sizes() == residual.sizes(), "x and residual are [rows, hidden]");
+  TORCH_CHECK(x.size(1) % LANES == 0, "hidden must be a multiple of ", LANES);
+  const auto xc = x.contiguous(), rc = residual.contiguous(), wc = weight.contiguous();
+  auto out = at::empty_like(xc), new_residual = at::empty_like(xc);
+  const int64_t rows = xc.size(0), hidden = xc.size(1);
+  const float eps_f = static_cast<float>(eps), hidden_f = static_cast<float>(hidden);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "fused_add_rms_norm", [&] {
+    const scalar_t* xp = xc.data_ptr<scalar_t>();
+    const scalar_t* rp = rc.data_ptr<scalar_t>();
+    const scalar_t* wp = wc.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    scalar_t* np = new_residual.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> xf(hidden);
+      for (int64_t row = begin; row < end; ++row) {
+        const int64_t base = row * hidden;
+        for (int64_t i = 0; i < hidden; ++i) {  // residual = x + residual, in the model dtype
+          const scalar_t r = round_to<scalar_t>(widen(xp[base + i]) + widen(rp[base + i]));
+          np[base + i] = r;
+          xf[i] = widen(r);
+        }
+        double lane[LANES] = {0};
+        for (int64_t k = 0; k < hidden; k += LANES)
+          for (int l = 0; l < LANES; ++l) {
+            const float square = xf[k + l] * xf[k + l];  // a float32 product, then widened
+            lane[l] += static_cast<double>(square);
+          }
+        double total = lane[0];
+        for (int l = 1; l < LANES; ++l) total += lane[l];
+        float mean = static_cast<float>(total) / hidden_f;
+        mean = mean + eps_f;
+        const float root = static_cast<float>(std::sqrt(static_cast<double>(mean)));
+        for (int64_t i = 0; i < hidden; ++i) {
+          const scalar_t normed = round_to<scalar_t>(xf[i] / root);
+          op[base + i] = round_to<scalar_t>(widen(wp[i]) * widen(normed));
+        }
+      }
+    });
+  });
+  return {out, new_residual};
+}
+
+// RoPE on the q and k heads of the merged projection's output: qkv [tokens, (heads + 2 kv_heads) * d],
+// cos, sin [tokens, 1, d] float32 as ops.rope_tables makes them. Returns the rotated q and k heads,
+// [tokens, heads + kv_heads, d]: x * cos + swap_halves(x) * sin, each product and the sum in float32.
+at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                   int64_t kv_heads) {
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos and sin are float32");
+  const auto qc = qkv.contiguous(), cc = cos.contiguous(), sc = sin.contiguous();
+  const int64_t tokens = qc.size(0), d = cc.size(-1), rotated = heads + kv_heads, width = qc.size(1);
+  const int64_t half = d / 2;
+  auto out = at::empty({tokens, rotated, d}, qc.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qc.scalar_type(), "fused_rope_qk", [&] {
+    const scalar_t* xp = qc.data_ptr<scalar_t>();
+    const float* cp = cc.data_ptr<float>();
+    const float* sp = sc.data_ptr<float>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* c = cp + t * d;
+        const float* s = sp + t * d;
+        for (int64_t h = 0; h < rotated; ++h) {
+          const scalar_t* x = xp + t * width + h * d;
+          scalar_t* o = op + (t * rotated + h) * d;
+          for (int64_t i = 0; i < half; ++i) o[i] = round_to<scalar_t>(widen(x[i]) * c[i] + widen(x[i + half]) * s[i]);
+          for (int64_t i = half; i < d; ++i) o[i] = round_to<scalar_t>(widen(x[i]) * c[i] + widen(x[i - half]) * s[i]);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(stepwise_fused, m) {
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rope_qk(Tensor qkv, Tensor cos, Tensor sin, int heads, int kv_heads) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(stepwise_fused, CPU, m) {
+  m.impl("add_rms_norm", add_rms_norm);
+  m.impl("rope_qk", rope_qk);
+}
