@@ -261,3 +261,19 @@ def test_eviction_takes_the_least_recently_freed_block_first(reference):
     got = llm.generate([a + [99]], params)[0]
     assert llm.stats.prefix_hit_tokens == 8
     assert got.token_ids == reference.generate([a + [99]], params)[0].token_ids
+
+
+@settings(max_examples=examples(10), deadline=None)
+@given(workload=shared_prefix_workloads(max_requests=5), max_num_seqs=st.integers(1, 4))
+def test_tensor_op_attention_gives_the_reference_tokens_too(workload, max_num_seqs):
+    """With the compiled CPU attention switched off (STEPWISE_NATIVE_ATTENTION=0, the path CUDA takes), the
+    tensor-op attention is the reference's and stage 03's alike: same tokens, through chunking and caching."""
+    prompts, params = workload
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STEPWISE_NATIVE_ATTENTION", "0")
+        reference = ReferenceLLM("tiny", dtype="bfloat16")
+        llm = paged.LLM("tiny", block_size=4, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_seqs + 8)
+        assert reference.model.attention_note.startswith("attention: tensor ops")
+        expected, got = reference.generate(prompts, params), llm.generate(prompts, params)
+    for e, g in zip(expected, got):
+        assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)

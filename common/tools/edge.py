@@ -7,13 +7,15 @@ Each precision runs in a fresh process, so its peak resident memory at load is i
 (the checkpoint is memory-mapped: only the tensors a precision uses are ever read). Per
 precision: the weight bytes one decode step reads, the per-token time they imply at the
 measured read bandwidth, the per-token time measured (one request alone, greedy, EOS
-ignored), time to first token for a short chat prompt and a 512-token one, and memory.
+ignored; the reference, then stage 04 with its fused CPU kernels), time to first token for a
+short chat prompt and a 512-token one, and memory.
 llama.cpp (llama-cpp-python, if installed) runs the GGUF itself the same way, same threads.
 These are timings: run them on a quiet machine.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import subprocess
 import sys
@@ -64,6 +66,12 @@ def measure_stepwise(model: str, quantization: str | None, tokens: int) -> dict:
                 f"TTFT ms, {len(chat)}-token prompt": 1e3 * m.time_to_first_token})
     m = llm.generate([long], SamplingParams(temperature=0, max_tokens=1))[0].metrics
     row[f"TTFT ms, {len(long)}-token prompt"] = 1e3 * m.time_to_first_token
+    # The same request through stage 04, whose fused CPU kernels the reference does not use (same tokens).
+    kernels = importlib.import_module("stages.04_kernels").LLM(model, dtype="bfloat16", quantization=quantization,
+                                                                max_num_seqs=1)
+    kernels.generate([chat], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    m = kernels.generate([chat], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))[0].metrics
+    row["ms per token, stage 04"] = 1e3 * decode_times(m.token_times)
     return row
 
 
@@ -138,7 +146,7 @@ def main(argv=None) -> dict:
         print(json.dumps(row))
         return row
     bandwidth, rows = measure(args.model, args.tokens, not args.no_llama_cpp)
-    order = ["weight MB", "estimated ms per token", "ms per token", "measured / estimated"]
+    order = ["weight MB", "estimated ms per token", "ms per token", "ms per token, stage 04", "measured / estimated"]
     figures = order + [k for k in next(iter(rows.values())) if k not in order]
     table = Table(title=f"{args.model}, one request alone, {torch.get_num_threads()} threads: read bandwidth "
                         f"{bandwidth / 1e9:.1f} GB/s; target {TARGET_MS:.0f} ms per token and to the first token")
@@ -147,7 +155,7 @@ def main(argv=None) -> dict:
         table.add_column(name, justify="right")
     for figure in figures:
         digits = 2 if figure == "measured / estimated" else 1
-        table.add_row(figure, *(f"{rows[n].get(figure, float('nan')):,.{digits}f}" for n in rows))
+        table.add_row(figure, *(f"{rows[n][figure]:,.{digits}f}" if figure in rows[n] else "-" for n in rows))
     Console().print(table)
     return {"read bandwidth GB/s": bandwidth / 1e9, "rows": rows}
 
