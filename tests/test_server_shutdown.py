@@ -1,6 +1,7 @@
 """`python -m stages.05_streaming serve` under SIGTERM: it stops accepting, gives the requests in flight
 --shutdown-timeout seconds, ends every open stream with an event and [DONE], answers the rest with a 503,
 and exits; a second signal exits at once."""
+import os
 import re
 import signal
 import subprocess
@@ -100,3 +101,16 @@ def test_a_second_signal_exits_at_once(server):
     assert time.monotonic() - sent < 3
     for t in threads:
         t.join(10)
+
+
+def test_load_command_serves_from_its_own_process_and_stops_it():
+    """`load` starts `serve` in a child process on a free port, streams the chat workload through it from this
+    process, prints the client-side figures and shuts the server down cleanly (SIGTERM) when done."""
+    out = subprocess.run([sys.executable, "-m", "stages.05_streaming", "load", "--model", "tiny", "--clients", "3",
+                          "--num-requests", "6", "--max-tokens", "8"], cwd=ROOT, text=True, capture_output=True,
+                         timeout=300, env={**os.environ, "COLUMNS": "120"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = dict(re.findall(r"│ (requests|output tokens|clients)\s+│\s+([\d,]+) │", out.stdout))
+    assert figures == {"clients": "3", "requests": "6", "output tokens": figures["output tokens"]}
+    assert 6 <= int(figures["output tokens"]) <= 48  # at least one token per request, at most max_tokens
+    assert "Finished server process" in out.stderr + out.stdout  # the server drained and exited

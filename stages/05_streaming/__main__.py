@@ -2,7 +2,8 @@
 cluster --replicas N (or --min-replicas A --max-replicas B) [--address RAY]]
 
 demo: chat requests streaming side by side; serve: the OpenAI-compatible server;
-load: N concurrent streaming clients against the server (or the one at --url), with TTFT/TPOT percentiles;
+load: N concurrent streaming clients against a server started in its own process (or the one at --url), with
+TTFT/TPOT percentiles;
 cluster: the same server in front of engine replicas on Ray Serve (needs the extra: pip install -e '.[cluster]')."""
 import argparse
 import os
@@ -82,10 +83,13 @@ def run(args: argparse.Namespace) -> None:
     if args.command == "cluster":
         from .cluster import run_cluster
         return run_cluster(args, console)
-    if args.command == "load" and args.url:
-        from .load import load_url
-        load_url(args.url, args.served_model_name or args.model, args.clients, args.num_requests, args.max_tokens,
-                 console)
+    if args.command == "load":
+        from .load import load_url, load_with_server
+        model = args.served_model_name or args.model
+        if args.url:
+            load_url(args.url, model, args.clients, args.num_requests, args.max_tokens, console)
+        else:
+            load_with_server(serve_arguments(args), model, args.clients, args.num_requests, args.max_tokens, console)
         return
     args.max_num_seqs = args.max_num_seqs or 16
     llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
@@ -99,15 +103,22 @@ def run(args: argparse.Namespace) -> None:
             serve(llm, args.host, args.port, args.served_model_name or args.model,
                   shutdown_timeout=args.shutdown_timeout, api_key=args.api_key, docs=args.docs,
                   allowed_origins=origins, max_body_bytes=args.max_body_bytes)
-        elif args.command == "load":
-            from .load import load_run
-            load_run(llm, args.served_model_name or args.model, args.clients, args.num_requests, args.max_tokens,
-                     console)
         else:
             from .demo import run_demo
             run_demo(llm, args.max_tokens, console)
     finally:
         llm.shutdown()
+
+def serve_arguments(args: argparse.Namespace) -> list[str]:
+    """The `serve` options a load run starts its server with: the engine's, as given to `load`."""
+    out = ["--model", args.model, "--dtype", args.dtype, "--device", args.device,
+           "--max-num-seqs", str(args.max_num_seqs or 16), "--max-waiting", str(args.max_waiting)]
+    for flag, value in (("--quantization", args.quantization), ("--max-model-len", args.max_model_len),
+                        ("--kv-memory", args.kv_memory), ("--served-model-name", args.served_model_name)):
+        if value is not None:
+            out += [flag, str(value)]
+    return out
+
 
 if __name__ == "__main__":
     main()
