@@ -43,6 +43,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common import native
+
 KEY_TILE = 64  # keys per tile: the fixed reduction length of both matmuls
 QUERY_TOKENS = 64  # tokens per query tile of a prefilling sequence
 MIN_ROWS = 3  # query tiles are padded to at least this many rows
@@ -207,15 +209,11 @@ def describe_attention(device: torch.device, batch_invariant: bool = True) -> st
         return "attention: plain math, torch's fused attention on the padded batch (not batch-invariant)"
     if device.type != "cpu":
         return f"attention: tensor ops on {device.type}"
-    from common import native
-
     return native.describe()
 
 
 def uses_native(device: torch.device) -> bool:
-    """Whether attention on ``device`` runs the compiled CPU kernel (``common.native``)."""
-    from common import native  # builds the kernel on first use
-
+    """Whether attention on ``device`` runs the compiled CPU kernel (``common.native``, built on first use)."""
     return native.enabled(device)
 
 

@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 
 import torch
 
-from common.paths import home
+from common.paths import cpu_identity, home
 
 ROW_TILE = 16  # rows per call when no larger tile keeps rows' bits (calls are then padded to it)
 CANDIDATE_TILES = (256, 128, 64, 32, 16)  # tried largest first
@@ -145,14 +144,6 @@ def choose_row_tile(linears: list[RowTiled], dtype: torch.dtype, device: torch.d
 
 
 def _machine_key(backend: str, dtype: torch.dtype, device: torch.device, shapes: list) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
-        model = next(line for line in open("/proc/cpuinfo") if line.startswith("model name"))
-        cpu = model + flags
-    except (OSError, StopIteration):
-        pass
-    if device.type == "cuda":
-        cpu = torch.cuda.get_device_name(device)
+    cpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_identity()
     raw = f"{cpu}|{torch.__version__}|{torch.backends.mkldnn.is_available()}|{backend}|{dtype}|{shapes}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -16,6 +17,19 @@ GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def home() -> Path:
     return Path(os.environ.get("STEPWISE_HOME", Path.home() / ".cache" / "stepwise"))
+
+
+def cpu_identity() -> str:
+    """The CPU's model name and feature flags: part of the key of everything cached per machine (row tiles,
+    compiled kernels), since kernels, and so bits, differ between CPUs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.readlines()
+        model = next(line for line in lines if line.startswith("model name"))
+        flags = next(line for line in lines if line.startswith("flags"))
+        return model + flags
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def smollm2_gguf_path() -> Path:

@@ -1,4 +1,5 @@
-"""Build (once per machine) and load the CPU attention kernel, ``torch.ops.stepwise.attention``.
+"""Build (once per machine) and load the project's C++ kernels: here the CPU attention,
+``torch.ops.stepwise.attention``; stage 04 builds its fused element-wise kernels the same way.
 
 Why a compiled kernel on CPU: the same attention written with tensor operations costs
 about 25 of them per layer, each a few microseconds of dispatch on tiny tensors, plus a
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import subprocess
 import sys
 import sysconfig
@@ -26,9 +26,10 @@ from pathlib import Path
 
 import torch
 
-from common.paths import home
+from common.paths import cpu_identity, home
 
-SOURCE = Path(__file__).with_name("attention.cpp")
+HERE = Path(__file__).parent  # attention.cpp, and bf16.h, which every kernel source may include
+SOURCE = HERE / "attention.cpp"
 # No fast-math and no contraction of a multiply and an add into one rounding: every path the compiler
 # generates for a loop (vector body, scalar remainder) then rounds the same way.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-fopenmp"]
@@ -72,13 +73,8 @@ def describe() -> str:
 
 
 def _key(source: Path) -> str:
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu += "".join(line for line in f if line.startswith(("model name", "flags")))[:4000]
-    except OSError:
-        pass
-    raw = f"{source.read_bytes()!r}|{FLAGS}|{torch.__version__}|{cpu}|{sys.version_info[:2]}"
+    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))
+    raw = f"{source.read_bytes()!r}|{headers!r}|{FLAGS}|{torch.__version__}|{cpu_identity()}|{sys.version_info[:2]}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -97,7 +93,7 @@ def _build(source: Path) -> tuple[Path, float]:
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         out = Path(tmp) / target.name
         cmd = [os.environ.get("CXX", "c++"), *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-               *[f"-I{p}" for p in include_paths()], f"-I{sysconfig.get_paths()['include']}", str(source),
+               f"-I{HERE}", *[f"-I{p}" for p in include_paths()], f"-I{sysconfig.get_paths()['include']}", str(source),
                "-o", str(out), f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:

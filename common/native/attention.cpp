@@ -24,7 +24,12 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"  // widen, round_to
+
 namespace {
+
+using stepwise::round_to;
+using stepwise::widen;
 
 constexpr int LANES = 16;
 
@@ -46,13 +51,6 @@ inline float exp_nonpositive(float x) {
   p = p * z + r + 1.0f;
   union { int32_t i; float f; } two_n = {(static_cast<int32_t>(n) + 127) << 23};
   return p * two_n.f;
-}
-
-inline float to_float(float x) { return x; }
-inline float to_float(at::Half x) { return static_cast<float>(x); }
-inline float to_float(at::BFloat16 x) {  // bfloat16 is float32's upper half: exact, and a shift vectorizes
-  union { uint32_t i; float f; } u = {static_cast<uint32_t>(x.x) << 16};
-  return u.f;
 }
 
 // q . k over the head dimension: 16 lanes, each summing every 16th product in order,
@@ -82,8 +80,8 @@ inline float dot(const float* a, const float* b, int d) {
 
 // Widen n contiguous values to float.
 template <typename scalar_t>
-inline void widen(const scalar_t* __restrict src, float* __restrict dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+inline void widen_all(const scalar_t* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = widen(src[i]);
 }
 
 template <typename scalar_t>
@@ -96,11 +94,11 @@ void attend_one(const scalar_t* q, int group, int d, const scalar_t* k_base, con
   float* __restrict scores = qf + group * d;
   float* __restrict o = scores + group * keys;
   float* __restrict block = o + group * d;
-  widen(q, qf, group * d);
+  widen_all(q, qf, group * d);
   const int64_t chunk_stride = chunk_len * d;
   for (int64_t first = 0; first < keys; first += chunk_len) {  // one chunk of contiguous keys at a time
     const int64_t n = std::min(chunk_len, keys - first);
-    widen(k_base + (chunks[first / chunk_len] + head_offset) * chunk_stride, block, n * d);
+    widen_all(k_base + (chunks[first / chunk_len] + head_offset) * chunk_stride, block, n * d);
     for (int64_t j = 0; j < n; ++j) {
       const float* __restrict kf = block + j * d;
       for (int g = 0; g < group; ++g) scores[g * keys + first + j] = dot(qf + g * d, kf, d);
@@ -115,7 +113,7 @@ void attend_one(const scalar_t* q, int group, int d, const scalar_t* k_base, con
   std::fill(o, o + group * d, 0.0f);
   for (int64_t first = 0; first < keys; first += chunk_len) {
     const int64_t n = std::min(chunk_len, keys - first);
-    widen(v_base + (chunks[first / chunk_len] + head_offset) * chunk_stride, block, n * d);
+    widen_all(v_base + (chunks[first / chunk_len] + head_offset) * chunk_stride, block, n * d);
     for (int64_t j = 0; j < n; ++j) {
       const float* __restrict vf = block + j * d;
       for (int g = 0; g < group; ++g) {
@@ -129,7 +127,7 @@ void attend_one(const scalar_t* q, int group, int d, const scalar_t* k_base, con
     const float* sg = scores + g * keys;
     float l = 0.0f;
     for (int64_t j = 0; j < keys; ++j) l += sg[j];
-    for (int i = 0; i < d; ++i) out[g * d + i] = static_cast<scalar_t>(o[g * d + i] / l);
+    for (int i = 0; i < d; ++i) out[g * d + i] = round_to<scalar_t>(o[g * d + i] / l);
   }
 }
 

@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> None:
     finally:
         llm.shutdown()
 
+
 def serve_arguments(args: argparse.Namespace) -> list[str]:
     """The `serve` options a load run starts its server with: the engine's, as given to `load`."""
     out = ["--model", args.model, "--dtype", args.dtype, "--device", args.device,
