@@ -29,7 +29,8 @@ class Llama:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", batch_invariant: bool = True, quantization: str | None = None):
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
-        make = LinearFactory(weights, quantization, dtype, self.device)  # 16-bit, int8 or int4 (common.quant)
+        # 16-bit, int8 or int4 (common.quant); plain math (no batch invariance) takes torch's own linears
+        make = LinearFactory(weights, quantization, dtype, self.device, plain=not batch_invariant)
         self.quantization = make.quantization
         w = make.dense
         # Merged projections: one matmul for q, k and v, one for gate and up.

@@ -5,7 +5,7 @@ bytes per weight set the time per token (see ``common.tools.roofline``). The act
 bfloat16; only the stored weights shrink, and each kernel widens them on the fly.
 
 * ``int8``: one scale per output channel, symmetric (``w = q * s``, ``q`` in -127..127),
-  made from the dense weights; ``torch._weight_int8pack_mm``.
+  made from the dense weights.
 * ``int4``: groups of 32 weights along the input features, ``w = (q - 8) * scale + zero``
   with ``q`` in 0..15: the convention of torch's CPU kernel
   (``torch._weight_int4pack_mm_for_cpu``, ATen's ``int4mm_kernel.cpp``). SmolLM2's GGUF
@@ -22,11 +22,19 @@ head table becomes int8 per row in both modes (the GGUF holds it at 8 bits too, 
 which the int4 kernel cannot hold); the embedding lookup dequantizes the rows it reads
 from that same table. Norms stay in the model dtype.
 
-Batch invariance: both kernels compute each output row from its own input row alone
-(4-row micro-tiles, one fixed order over the input features, no split over them). Checked
-on the build machine at SmolLM2's shapes: a row's bits are the same alone or inside a call
-of any row count from 1 to 80, and 127-129, 256, 512, 1,024, with 1 and 2 threads. Like
-every linear, they run on the row tile the load-time check (``common.invariant``) finds.
+Kernels: on a CPU with Intel AMX, our own (``common/native/linear.cpp``): int8 weights are
+widened to bfloat16 (exactly) a tile at a time and multiplied like the bfloat16 linear, then
+scaled per output; int4 multiplies by the exact integers ``q - 8``, then each group's sums
+are scaled and the zero's share (``zero * sum of the group's inputs``) added, group after
+group. Elsewhere, and in plain mode, torch's packed kernels (``torch._weight_int8pack_mm``,
+``torch._weight_int4pack_mm_for_cpu``), which are about as fast at one row and 5-10x slower
+at 32 rows on the build machine.
+
+Batch invariance: every kernel computes each output row from its own input row alone, in one
+fixed order over the input features, with no split over them (ours by construction; torch's
+checked on the build machine: a row's bits are the same alone or inside a call of any row
+count from 1 to 80, and 127-129, 256, 512, 1,024, with 1 and 2 threads). Like every linear,
+they run on the row tile the load-time check (``common.invariant``) finds.
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from common import native
 from common.invariant import Linear, RowTiled
 
 QUANTIZATIONS = ("int8", "int4")
@@ -75,8 +84,6 @@ class QuantizedLinear(RowTiled):
         return f"torch {type(self).__name__.removesuffix('Linear')} kernel"
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.data_ptr() % 64:  # the int8 kernel reads rows with aligned vector loads
-            x = x.clone()
         return self.kernel(x)
 
 
@@ -88,18 +95,45 @@ def check_shape(weight_shape, name: str = "weight") -> None:
 
 
 class Int8Linear(QuantizedLinear):
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16):
+    """Per-output-channel int8. On a CPU with AMX, our kernel (``common/native/linear.cpp``) widens each block of
+    weights to bfloat16 (exact: 7 significant bits) and multiplies on the tiles like the bfloat16 linear;
+    elsewhere, or in plain mode, ``torch._weight_int8pack_mm``."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16, plain: bool = False):
         check_shape(weight.shape)
         self.out_features, self.in_features = weight.shape
+        self.plain = plain
         w = weight.float()
         amax = w.abs().amax(1)
         self.scales = torch.where(amax > 0, amax / 127, 1.0).to(dtype)
         # Rounded against the scale as stored, so q * scale is the weight the kernel sees.
-        self.qweight = torch.round(w / self.scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.nbytes = self.qweight.numel() + self.scales.numel() * self.scales.element_size()
+        q = torch.round(w / self.scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.nbytes = q.numel() + self.scales.numel() * self.scales.element_size()
+        self.amx = None if plain or not native.amx_linear_ready() else torch.ops.stepwise_linear.pack(q)
+        self._qweight = q if self.amx is None else None  # the AMX kernel keeps only its packed copy
+        self._scales_f32 = self.scales.float()
+
+    @property
+    def backend(self) -> str:
+        return "AMX Int8 kernel (stepwise)" if self.amx is not None else "torch Int8 kernel"
+
+    @property
+    def qweight(self) -> torch.Tensor:
+        """The int8 weights [out, in]."""
+        return self._qweight if self._qweight is not None else self.rows(torch.arange(self.out_features))
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The int8 weights of the given output rows (token ids, for the embedding lookup)."""
+        if self._qweight is not None:
+            return self._qweight[ids]
+        return self.amx[ids // 16, :, ids % 16, :].reshape(ids.shape[0], -1)[:, :self.in_features]
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int8pack_mm(x, self.qweight, self.scales)
+        if self.amx is not None:
+            return torch.ops.stepwise_linear.linear(x, self.amx, self._scales_f32, self.out_features)
+        if x.data_ptr() % 64:  # torch's int8 kernel reads rows with aligned vector loads
+            x = x.clone()
+        return torch._weight_int8pack_mm(x, self._qweight, self.scales)
 
     def dequantized(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]
@@ -115,7 +149,7 @@ class Int8Embedding:
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
         t = self.table
-        return (t.qweight[ids].float() * t.scales[ids].float()[:, None]).to(self.dtype)
+        return (t.rows(ids).float() * t.scales[ids].float()[:, None]).to(self.dtype)
 
 
 def q4_1_groups(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -138,32 +172,69 @@ def q4_1_quantize(weight: torch.Tensor) -> np.ndarray:
 
 
 class Int4Linear(QuantizedLinear):
-    def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16):
+    """Groups of 32 inputs, ``w = (q - 8) * scale + zero``. On a CPU with AMX, our kernel
+    (``common/native/linear.cpp``) multiplies by the exact integers ``q - 8`` on the tiles, then scales each
+    group's sums and adds the zero's share in float32; elsewhere, or in plain mode, torch's int4 kernel."""
+
+    def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16,
+                 plain: bool = False):
         """codes [out, in] in 0..15; d, m [out, in / 32]: the weight is d * q + m group by group."""
         check_shape(codes.shape)
         self.out_features, self.in_features = codes.shape
         self.group_size = self.in_features // d.shape[1]
+        self.plain = plain
         scale = torch.from_numpy(d.astype(np.float32))
         zero = torch.from_numpy(m.astype(np.float32)) + 8 * scale  # (q - 8) * d + (m + 8 d) = d * q + m
-        # [groups, out, 2]: the layout the kernel reads
+        # [groups, out, 2]: the layout torch's kernel reads
         self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1).to(dtype).contiguous()
-        q = torch.from_numpy(codes.astype(np.int32))
-        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # layout depends on the CPU: packed at load
+        q = torch.from_numpy(codes.astype(np.uint8))
+        self.amx = None if plain or not native.amx_linear_ready() else pack_nibbles(q)
+        if self.amx is None:  # torch's layout depends on the CPU: packed at load
+            self.packed = torch._convert_weight_to_int4pack_for_cpu(q.int(), 1)
+        else:
+            self.packed = self.amx
+            self.scales, self.zeros = (self.scales_and_zeros[..., i].contiguous() for i in (0, 1))
         self.nbytes = self.packed.numel() + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
 
     @classmethod
-    def from_q4_1(cls, blocks: np.ndarray, dtype: torch.dtype = torch.bfloat16) -> "Int4Linear":
-        return cls(*q4_1_groups(blocks), dtype=dtype)
+    def from_q4_1(cls, blocks: np.ndarray, dtype: torch.dtype = torch.bfloat16, plain: bool = False) -> "Int4Linear":
+        return cls(*q4_1_groups(blocks), dtype=dtype, plain=plain)
+
+    @property
+    def backend(self) -> str:
+        return "AMX Int4 kernel (stepwise)" if self.amx is not None else "torch Int4 kernel"
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        if self.amx is not None:
+            return torch.ops.stepwise_linear.linear_int4(x, self.amx, self.scales, self.zeros, self.out_features)
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
 
     def dequantized(self, columns: int | None = None) -> torch.Tensor:
-        """The weights [out, columns or in] as the kernel reads them: fed rows of the identity in float32, it
-        returns one weight per output, (q - 8) * scale + zero, unpacked from the packed layout the bfloat16
-        path reads (float32 takes torch's scalar path: slow, for tests)."""
-        eye = torch.eye(self.in_features)[:columns]
-        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_and_zeros.float()).t()
+        """The weights [out, columns or in], (q - 8) * scale + zero in float32. torch's kernel is read back by
+        feeding it rows of the identity in float32 (its scalar path: slow, for tests); ours by unpacking."""
+        if self.amx is None:
+            eye = torch.eye(self.in_features)[:columns]
+            return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
+                                                     self.scales_and_zeros.float()).t()
+        codes = unpack_nibbles(self.amx, self.out_features, self.in_features)[:, :columns].float()
+        scale, zero = (t.float().t().repeat_interleave(self.group_size, 1)[:, :columns]
+                       for t in (self.scales, self.zeros))
+        return (codes - 8) * scale + zero
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """codes [out, in] (0..15) -> the AMX kernel's int4 layout [out / 16, in / 32, 256] bytes: per block of 16
+    outputs and group of 32 inputs, the tile's pair-interleaved order ([in / 2][16][2]), and in each run of 64
+    weights byte i holds weight i (low nibble) and weight i + 32 (high nibble)."""
+    n, k = codes.shape
+    tile_order = codes.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).reshape(n // 16, -1, 64)
+    return (tile_order[..., :32] | (tile_order[..., 32:] << 4)).reshape(n // 16, k // 32, 256).contiguous()
+
+
+def unpack_nibbles(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    runs = packed.view(packed.shape[0], -1, 32)
+    tile_order = torch.cat([runs & 15, runs >> 4], -1)
+    return tile_order.view(-1, in_features // 2, 16, 2).permute(0, 2, 1, 3).reshape(out_features, in_features)
 
 
 class LinearFactory:
@@ -175,9 +246,9 @@ class LinearFactory:
     """
 
     def __init__(self, weights: Mapping[str, torch.Tensor], quantization: str | None, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, plain: bool = False):
         self.quantization = parse_quantization(quantization, dtype, device)
-        self.weights, self.dtype, self.device = weights, dtype, device
+        self.weights, self.dtype, self.device, self.plain = weights, dtype, device, plain
         self.built: dict[str, torch.Tensor | Int8Linear] = {}
 
     def dense(self, name: str) -> torch.Tensor:
@@ -191,21 +262,22 @@ class LinearFactory:
     def table(self, name: str) -> Int8Linear:
         """A token table (embedding or LM head) in int8, built once: a tied head and the lookup share it."""
         if name not in self.built:
-            self.built[name] = Int8Linear(self.weights[name], self.dtype)
+            self.built[name] = Int8Linear(self.weights[name], self.dtype, self.plain)
         return self.built[name]
 
     def lm_head(self, tied: bool):
         name = "model.embed_tokens.weight" if tied else "lm_head.weight"
         if self.quantization is None:
-            return Linear(self.embedding(name) if tied else self.dense(name))
+            return Linear(self.embedding(name) if tied else self.dense(name), self.plain)
         return self.table(name)
 
     def linear(self, names: list[str]):
         if self.quantization is None:
-            return Linear(torch.cat([self.dense(n) for n in names]) if len(names) > 1 else self.dense(names[0]))
+            weight = torch.cat([self.dense(n) for n in names]) if len(names) > 1 else self.dense(names[0])
+            return Linear(weight, self.plain)
         if self.quantization == "int8":
-            return Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype)
-        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype)
+            return Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype, self.plain)
+        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype, self.plain)
 
     def q4_1_blocks(self, name: str) -> np.ndarray:
         """The GGUF's own Q4_1 blocks when the checkpoint keeps them, else the dense weight quantized like them."""

@@ -1,5 +1,6 @@
-"""Build (once per machine) and load the project's C++ kernels: here the CPU attention,
-``torch.ops.stepwise.attention``; stage 04 builds its fused element-wise kernels the same way.
+"""Build (once per machine) and load the project's C++ kernels: the CPU attention
+(``torch.ops.stepwise.attention``) and the AMX linear (``torch.ops.stepwise_linear``, see
+``linear.cpp``); stage 04 builds its fused element-wise kernels the same way.
 
 Why a compiled kernel on CPU: the same attention written with tensor operations costs
 about 25 of them per layer, each a few microseconds of dispatch on tiny tensors, plus a
@@ -30,6 +31,7 @@ from common.paths import cpu_identity, home
 
 HERE = Path(__file__).parent  # attention.cpp, and bf16.h, which every kernel source may include
 SOURCE = HERE / "attention.cpp"
+LINEAR_SOURCE = HERE / "linear.cpp"
 # No fast-math and no contraction of a multiply and an add into one rounding: every path the compiler
 # generates for a loop (vector body, scalar remainder) then rounds the same way.
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-fopenmp"]
@@ -41,6 +43,14 @@ def enabled(device: torch.device) -> bool:
     if device.type != "cpu" or os.environ.get("STEPWISE_NATIVE_ATTENTION", "1") == "0":
         return False
     return load()
+
+
+def amx_linear_ready() -> bool:
+    """Whether bfloat16 linears on this CPU run the AMX kernel: it built, the CPU has AMX-BF16, Linux granted
+    the tile state, and ``STEPWISE_AMX_LINEAR=0`` does not switch it off (then oneDNN's linear runs)."""
+    if os.environ.get("STEPWISE_AMX_LINEAR", "1") == "0":
+        return False
+    return load(LINEAR_SOURCE) and bool(torch.ops.stepwise_linear.ready())
 
 
 def load(source: Path = SOURCE) -> bool:

@@ -1,0 +1,366 @@
+// Batch-invariant linears on Intel AMX: y = x @ W.T in bfloat16, float32 accumulation.
+//
+// Why a kernel of our own: oneDNN's bfloat16 linear keeps a row's bits only in calls of up
+// to 32 rows on the machine this was built on, and at one row it reads the weights at about
+// 10 GB/s, half of what the memory gives. This kernel fixes every output's reduction by
+// construction, so a row gets the same bits in a call of any size:
+//   * the input features are taken in chunks of 32, in order; each chunk is one AMX
+//     TDPBF16PS that adds its 16 pairs of products into the float32 accumulator of that
+//     (row, output) element; a tile's rows never mix, so how many rows a tile holds (1..16)
+//     and which other rows share it cannot change a bit;
+//   * the accumulator is rounded to bfloat16 once, to nearest even.
+// No split over the input features, no reduction across threads: threads take whole
+// column blocks. The weight is packed once at load into the tile's pair-interleaved layout,
+// [out / 16][in / 2][16][2] (zero padded to 16 outputs and 32 inputs; a zero pair adds +0).
+//
+// Built with -march=native: where the compiler or the CPU lacks AMX-BF16, `ready()` is
+// false and the caller keeps torch's linear. Linux also asks each process to request the
+// AMX tile state (arch_prctl) before its first use; `ready()` does that once.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
+#define STEPWISE_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace {
+
+int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+#ifdef STEPWISE_AMX
+constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+// How far ahead of the tile loads the weights are requested, in chunks (1 KiB of bfloat16, 512 B of int8 per
+// block): int8 needs the longer run-up because widening it costs time between loads. Picked by timing one
+// decode step's linears at one row (weights read from memory) on the build machine; noisy, roughly 1.1x each.
+constexpr int PREFETCH_BF16_CHUNKS = 2, PREFETCH_INT8_CHUNKS = 32;
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: 0, 1 accumulate rows [0, a) against weight blocks 6, 7, from activations in 4;
+// 2, 3 rows [16, 16 + b) from activations in 5. Every tile row is 64 bytes
+// (16 float32 accumulators, or 32 bfloat16 inputs, or 16 output pairs).
+struct Tiles {
+  int a = -1, b = -1;
+  void configure(int rows_a, int rows_b) {
+    if (rows_a == a && rows_b == b) return;
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
+    cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = static_cast<uint8_t>(rows_a);
+    cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = static_cast<uint8_t>(rows_b > 0 ? rows_b : 1);
+    cfg.rows[6] = cfg.rows[7] = 16;
+    _tile_loadconfig(&cfg);
+    a = rows_a, b = rows_b;
+  }
+};
+
+// Rounds `rows` accumulator rows (times the outputs' scales, if any) to bfloat16 into out[.., 0..cols).
+void store_rows(const float (*acc)[16], int rows, const float* scale, uint16_t* out, int64_t ldo, int64_t cols) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+  const __m512 s = scale ? _mm512_maskz_loadu_ps(mask, scale) : _mm512_set1_ps(1.0f);
+  for (int r = 0; r < rows; ++r) {
+    __m512 v = _mm512_load_ps(acc[r]);
+    if (scale) v = _mm512_mul_ps(v, s);
+    _mm256_mask_storeu_epi16(out + r * ldo, mask, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  }
+}
+
+// int8 weights -> bfloat16, exactly (|q| <= 127 has 7 significant bits), keeping the packed order.
+void widen_int8(const int8_t* q, int64_t count, uint16_t* dst) {
+  for (int64_t i = 0; i < count; i += 32) {
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i + 16))));
+    _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+}
+
+// Where a tile's weights come from: packed bfloat16 in place, or int8 widened chunk by chunk into a 2 KiB buffer
+// that stays in L1 (one chunk: 32 inputs x 16 outputs, for each of the two blocks).
+struct Bf16Weights {
+  const uint16_t* w0;
+  int64_t block_elems;
+  bool second;
+  void chunk(int64_t c, const uint16_t*& t0, const uint16_t*& t1, bool first_pass) {
+    t0 = w0 + c * 512, t1 = t0 + block_elems;
+    if (!first_pass) return;  // later row passes find the weights in cache
+    const char* ahead = reinterpret_cast<const char*>(t0 + PREFETCH_BF16_CHUNKS * 512);
+    for (int l = 0; l < 1024; l += 64) {
+      _mm_prefetch(ahead + l, _MM_HINT_T0);
+      if (second) _mm_prefetch(ahead + block_elems * 2 + l, _MM_HINT_T0);
+    }
+  }
+};
+
+struct Int8Weights {
+  const int8_t* q0;
+  int64_t block_elems;
+  bool second;
+  uint16_t* buffer;  // 2 x 512, 64-byte aligned
+  void chunk(int64_t c, const uint16_t*& t0, const uint16_t*& t1, bool first_pass) {
+    if (first_pass) {
+      const char* ahead = reinterpret_cast<const char*>(q0 + (c + PREFETCH_INT8_CHUNKS) * 512);
+      for (int l = 0; l < 512; l += 64) {
+        _mm_prefetch(ahead + l, _MM_HINT_T0);
+        if (second) _mm_prefetch(ahead + block_elems + l, _MM_HINT_T0);
+      }
+    }
+    widen_int8(q0 + c * 512, 512, buffer);
+    if (second) widen_int8(q0 + block_elems + c * 512, 512, buffer + 512);
+    t0 = buffer, t1 = buffer + 512;
+  }
+};
+
+// Every row of x (m rows of kp bfloat16) times one or two blocks of 16 outputs, into out's columns
+// [col0, col0 + 32) clipped to n; `scale` (or null) multiplies each output before rounding.
+template <typename Weights>
+void multiply_blocks(const uint16_t* X, int64_t m, int64_t kp, Weights weights, int64_t col0, int64_t n,
+                     const float* scale, uint16_t* O, Tiles& tiles) {
+  alignas(64) float acc[4][16][16];
+  const int64_t chunks = kp / 32;
+  const bool second = weights.second;
+  for (int64_t row0 = 0; row0 < m; row0 += 32) {  // two tiles of up to 16 rows
+    const int a = static_cast<int>(std::min<int64_t>(16, m - row0));
+    const int b = static_cast<int>(std::clamp<int64_t>(m - row0 - 16, 0, 16));
+    tiles.configure(a, b);
+    const uint16_t* X0 = X + row0 * kp;
+    const uint16_t* X1 = X0 + 16 * kp;
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t c = 0; c < chunks; ++c) {  // the input features, 32 at a time, in order
+      const uint16_t *W0, *W1;
+      weights.chunk(c, W0, W1, row0 == 0);
+      _tile_loadd(6, W0, 64);
+      _tile_loadd(4, X0 + c * 32, kp * 2);
+      _tile_dpbf16ps(0, 4, 6);
+      if (second) { _tile_loadd(7, W1, 64); _tile_dpbf16ps(1, 4, 7); }
+      if (b) {
+        _tile_loadd(5, X1 + c * 32, kp * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        if (second) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, acc[0], 64);
+    if (second) _tile_stored(1, acc[1], 64);
+    if (b) { _tile_stored(2, acc[2], 64); if (second) _tile_stored(3, acc[3], 64); }
+    for (int t = 0; t < 4; ++t) {
+      const int64_t col = col0 + (t & 1) * 16, cols = std::min<int64_t>(16, n - col);
+      const int rows = (t & 2) ? b : a;
+      if (((t & 1) && !second) || rows == 0 || cols <= 0) continue;
+      store_rows(acc[t], rows, scale ? scale + col : nullptr, O + (row0 + (t >> 1) * 16) * n + col, n, cols);
+    }
+  }
+}
+
+// int4, groups of 32 inputs (one chunk) with a scale and a zero each: w = (q - 8) * scale + zero. The tiles
+// multiply by the exact small integers q - 8; each group's sums are then scaled and the zero's share added, in
+// float32, group after group in order:
+//   acc += T_g * scale_g;  acc += xsum_g * zero_g      (T_g = sum over the group of x * (q - 8), xsum_g = sum of x)
+// Nibbles: in each run of 64 packed weights, byte i holds weight i (low nibble) and weight i + 32 (high nibble).
+void widen_int4(const uint8_t* q, uint16_t* dst) {  // 512 weights (256 bytes) -> bfloat16 q - 8
+  alignas(64) static const uint16_t minus8[32] = {0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
+                                                  0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0};
+  const __m512i table = _mm512_load_si512(minus8);
+  const __m512i low = _mm512_set1_epi16(0x0F);
+  for (int i = 0; i < 8; ++i) {
+    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * i)));
+    _mm512_storeu_si512(dst + 64 * i, _mm512_permutexvar_epi16(_mm512_and_si512(bytes, low), table));
+    _mm512_storeu_si512(dst + 64 * i + 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table));
+  }
+}
+
+inline __m512 widen_bf16x16(const uint16_t* p, __mmask16 mask) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+
+// Rows of x times one or two blocks of 16 int4 outputs. q0: the first block's 256 bytes per chunk; scales, zeros:
+// [groups][n_padded] bfloat16; xsum: [m][groups] float32.
+void multiply_int4_blocks(const uint16_t* X, int64_t m, int64_t kp, const uint8_t* q0, int64_t block_bytes,
+                          bool second, const uint16_t* scales, const uint16_t* zeros, int64_t ldz, const float* xsum,
+                          int64_t col0, int64_t n, uint16_t* O, Tiles& tiles) {
+  alignas(64) float tile_out[4][16][16];
+  alignas(64) float acc[32][32];
+  alignas(64) uint16_t w[2][512];
+  const int64_t chunks = kp / 32;
+  for (int64_t row0 = 0; row0 < m; row0 += 32) {
+    const int a = static_cast<int>(std::min<int64_t>(16, m - row0));
+    const int b = static_cast<int>(std::clamp<int64_t>(m - row0 - 16, 0, 16));
+    tiles.configure(a, b);
+    const uint16_t* X0 = X + row0 * kp;
+    const uint16_t* X1 = X0 + 16 * kp;
+    for (int r = 0; r < a + b; ++r) std::fill(acc[r], acc[r] + 32, 0.0f);
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (row0 == 0) {
+        const char* ahead = reinterpret_cast<const char*>(q0 + (c + PREFETCH_INT8_CHUNKS) * 256);
+        for (int l = 0; l < 256; l += 64) {
+          _mm_prefetch(ahead + l, _MM_HINT_T0);
+          if (second) _mm_prefetch(ahead + block_bytes + l, _MM_HINT_T0);
+        }
+      }
+      widen_int4(q0 + c * 256, w[0]);
+      if (second) widen_int4(q0 + block_bytes + c * 256, w[1]);
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      _tile_loadd(6, w[0], 64);
+      _tile_loadd(4, X0 + c * 32, kp * 2);
+      _tile_dpbf16ps(0, 4, 6);
+      if (second) { _tile_loadd(7, w[1], 64); _tile_dpbf16ps(1, 4, 7); }
+      if (b) {
+        _tile_loadd(5, X1 + c * 32, kp * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        if (second) _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, tile_out[0], 64);
+      if (second) _tile_stored(1, tile_out[1], 64);
+      if (b) { _tile_stored(2, tile_out[2], 64); if (second) _tile_stored(3, tile_out[3], 64); }
+      for (int half = 0; half < (second ? 2 : 1); ++half) {
+        const int64_t col = col0 + 16 * half;
+        const __m512 scale = widen_bf16x16(scales + c * ldz + col, 0xFFFF);
+        const __m512 zero = widen_bf16x16(zeros + c * ldz + col, 0xFFFF);
+        for (int r = 0; r < a + b; ++r) {
+          float* out = acc[r] + 16 * half;
+          const __m512 t = _mm512_load_ps(tile_out[(r >= 16 ? 2 : 0) + half][r & 15]);
+          __m512 v = _mm512_add_ps(_mm512_load_ps(out), _mm512_mul_ps(t, scale));
+          v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(xsum[(row0 + r) * chunks + c]), zero));
+          _mm512_store_ps(out, v);
+        }
+      }
+    }
+    for (int half = 0; half < (second ? 2 : 1); ++half) {
+      const int64_t col = col0 + 16 * half, cols = std::min<int64_t>(16, n - col);
+      if (cols <= 0) continue;
+      const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+      for (int r = 0; r < a + b; ++r) {
+        __m256bh v = _mm512_cvtneps_pbh(_mm512_load_ps(acc[r] + 16 * half));
+        _mm256_mask_storeu_epi16(O + (row0 + r) * n + col, mask, reinterpret_cast<__m256i>(v));
+      }
+    }
+  }
+}
+#endif
+
+bool ready() {
+#ifdef STEPWISE_AMX
+  static const bool ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// weight [n, k] (bfloat16 or int8) -> [n / 16][k / 2][16][2], zero padded to 16 outputs and 32 inputs.
+at::Tensor pack(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "pack takes a 2-D weight");
+  const int64_t n = weight.size(0), k = weight.size(1), np = round_up(n, 16), kp = round_up(k, 32);
+  auto padded = at::zeros({np, kp}, weight.options());
+  padded.narrow(0, 0, n).narrow(1, 0, k).copy_(weight);
+  return padded.view({np / 16, 16, kp / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// x [m, k] bfloat16 times a packed weight: bfloat16, or int8 with one float32 scale per output (y = (x . q) * s).
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::optional<at::Tensor>& scales, int64_t n) {
+  TORCH_CHECK(ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kBFloat16, "x must be 2-D bfloat16");
+  const bool int8 = packed.scalar_type() == at::kChar;
+  TORCH_CHECK(int8 || packed.scalar_type() == at::kBFloat16, "the packed weight must be bfloat16 or int8");
+  TORCH_CHECK(int8 == scales.has_value(), "int8 weights need their scales, bfloat16 weights none");
+  const int64_t m = x_in.size(0), k = x_in.size(1), blocks = packed.size(0), kp = packed.size(1) * 2;
+  TORCH_CHECK(k <= kp && kp - k < 32 && n <= blocks * 16 && n > blocks * 16 - 16, "x or n does not fit the weight");
+  auto out = at::empty({m, n}, x_in.options());
+#ifdef STEPWISE_AMX
+  if (m == 0) return out;
+  at::Tensor x = x_in.contiguous();
+  if (kp != k) x = at::constant_pad_nd(x, {0, kp - k}, 0);  // zero inputs meet the weight's zero padding
+  at::Tensor scale = int8 ? scales->to(at::kFloat).contiguous() : at::Tensor();
+  TORCH_CHECK(!int8 || scale.numel() >= n, "one scale per output");
+  const auto* X = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  auto* O = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const float* S = int8 ? scale.data_ptr<float>() : nullptr;
+  const int64_t block_elems = kp * 16, pairs = (blocks + 1) / 2;
+  const auto* Wb = reinterpret_cast<const uint16_t*>(packed.const_data_ptr());
+  const auto* Wq = reinterpret_cast<const int8_t*>(packed.const_data_ptr());
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    Tiles tiles;
+    // int8: with more than one pass over the rows, each pair of blocks is widened once into `widened` (L2);
+    // with one pass, chunk by chunk into `buffer` (L1).
+    std::vector<uint16_t> widened(int8 && m > 32 ? 2 * block_elems : 0);
+    alignas(64) uint16_t buffer[1024];
+    for (int64_t p = p0; p < p1; ++p) {  // two blocks of 16 outputs
+      const int64_t block = 2 * p, col0 = block * 16;
+      const bool second = block + 1 < blocks;
+      if (!int8) {
+        multiply_blocks(X, m, kp, Bf16Weights{Wb + block * block_elems, block_elems, second}, col0, n, S, O, tiles);
+      } else if (m <= 32) {
+        multiply_blocks(X, m, kp, Int8Weights{Wq + block * block_elems, block_elems, second, buffer}, col0, n, S, O,
+                        tiles);
+      } else {
+        widen_int8(Wq + block * block_elems, (second ? 2 : 1) * block_elems, widened.data());
+        multiply_blocks(X, m, kp, Bf16Weights{widened.data(), block_elems, second}, col0, n, S, O, tiles);
+      }
+    }
+    _tile_release();
+  });
+#endif
+  return out;
+}
+
+// x [m, k] bfloat16 times int4 weights (see widen_int4): packed [n / 16][k / 32][256] bytes, scales and zeros
+// [k / 32][n rounded up to 16] bfloat16.
+at::Tensor linear_int4(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scales,
+                       const at::Tensor& zeros, int64_t n) {
+  TORCH_CHECK(ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kBFloat16, "x must be 2-D bfloat16");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 256, "packed int4 weights");
+  const int64_t m = x_in.size(0), k = x_in.size(1), blocks = packed.size(0), chunks = packed.size(1), kp = chunks * 32;
+  TORCH_CHECK(k == kp && n <= blocks * 16 && n > blocks * 16 - 16, "x or n does not fit the weight");
+  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && zeros.scalar_type() == at::kBFloat16 &&
+              scales.sizes() == zeros.sizes() && scales.size(0) == chunks && scales.size(1) == blocks * 16,
+              "scales and zeros: [groups, outputs] bfloat16");
+  auto out = at::empty({m, n}, x_in.options());
+#ifdef STEPWISE_AMX
+  if (m == 0) return out;
+  const at::Tensor x = x_in.contiguous(), s = scales.contiguous(), z = zeros.contiguous();
+  // Each row's sum over each group, in input order: the zeros' share of the product.
+  const at::Tensor xsum = x.view({m, chunks, 32}).to(at::kFloat).cumsum(2).select(2, 31).contiguous();
+  const auto* X = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const auto* Q = packed.const_data_ptr<uint8_t>();
+  const auto* S = reinterpret_cast<const uint16_t*>(s.const_data_ptr());
+  const auto* Z = reinterpret_cast<const uint16_t*>(z.const_data_ptr());
+  const float* XS = xsum.const_data_ptr<float>();
+  auto* O = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t block_bytes = chunks * 256, pairs = (blocks + 1) / 2;
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    Tiles tiles;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t block = 2 * p;
+      multiply_int4_blocks(X, m, kp, Q + block * block_bytes, block_bytes, block + 1 < blocks, S, Z, blocks * 16, XS,
+                           block * 16, n, O, tiles);
+    }
+    _tile_release();
+  });
+#endif
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(stepwise_linear, m) {
+  m.def("ready() -> bool", &ready);  // no tensor argument: one kernel for every backend
+  m.def("pack(Tensor weight) -> Tensor");
+  m.def("linear(Tensor x, Tensor packed, Tensor? scales, int n) -> Tensor");
+  m.def("linear_int4(Tensor x, Tensor packed, Tensor scales, Tensor zeros, int n) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(stepwise_linear, CPU, m) {
+  m.impl("pack", pack);
+  m.impl("linear", linear);
+  m.impl("linear_int4", linear_int4);
+}
