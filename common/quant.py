@@ -22,13 +22,14 @@ head table becomes int8 per row in both modes (the GGUF holds it at 8 bits too, 
 which the int4 kernel cannot hold); the embedding lookup dequantizes the rows it reads
 from that same table. Norms stay in the model dtype.
 
-Kernels: on a CPU with Intel AMX, our own (``common/native/linear.cpp``): int8 weights are
-widened to bfloat16 (exactly) a tile at a time and multiplied like the bfloat16 linear, then
-scaled per output; int4 multiplies by the exact integers ``q - 8``, then each group's sums
-are scaled and the zero's share (``zero * sum of the group's inputs``) added, group after
-group. Elsewhere, and in plain mode, torch's packed kernels (``torch._weight_int8pack_mm``,
-``torch._weight_int4pack_mm_for_cpu``), which are about as fast at one row and 5-10x slower
-at 32 rows on the build machine.
+Kernels: int4 runs on torch's (``torch._weight_int4pack_mm_for_cpu``). int8 on a CPU with
+Intel AMX runs on our own (``common/native/linear.cpp``): the weights are widened to bfloat16
+(exactly) a tile at a time and multiplied like the bfloat16 linear, then scaled per output;
+elsewhere, and in plain mode, on ``torch._weight_int8pack_mm``. At SmolLM2's shapes on the
+build machine ours reads one request's int8 weights 1.5x as fast, and at 32 rows it is 6x
+as fast (torch's int8 kernel widens the weights again for every 4 rows). An AMX int4 kernel
+was tried (tiles on the exact integers q - 8, each group's sums scaled afterwards): 3x
+torch's speed at 32 rows but 1.4x slower for one request, the case int4 is for.
 
 Batch invariance: every kernel computes each output row from its own input row alone, in one
 fixed order over the input features, with no split over them (ours by construction; torch's
@@ -172,69 +173,32 @@ def q4_1_quantize(weight: torch.Tensor) -> np.ndarray:
 
 
 class Int4Linear(QuantizedLinear):
-    """Groups of 32 inputs, ``w = (q - 8) * scale + zero``. On a CPU with AMX, our kernel
-    (``common/native/linear.cpp``) multiplies by the exact integers ``q - 8`` on the tiles, then scales each
-    group's sums and adds the zero's share in float32; elsewhere, or in plain mode, torch's int4 kernel."""
-
-    def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16,
-                 plain: bool = False):
+    def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16):
         """codes [out, in] in 0..15; d, m [out, in / 32]: the weight is d * q + m group by group."""
         check_shape(codes.shape)
         self.out_features, self.in_features = codes.shape
         self.group_size = self.in_features // d.shape[1]
-        self.plain = plain
         scale = torch.from_numpy(d.astype(np.float32))
         zero = torch.from_numpy(m.astype(np.float32)) + 8 * scale  # (q - 8) * d + (m + 8 d) = d * q + m
-        # [groups, out, 2]: the layout torch's kernel reads
+        # [groups, out, 2]: the layout the kernel reads
         self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1).to(dtype).contiguous()
-        q = torch.from_numpy(codes.astype(np.uint8))
-        self.amx = None if plain or not native.amx_linear_ready() else pack_nibbles(q)
-        if self.amx is None:  # torch's layout depends on the CPU: packed at load
-            self.packed = torch._convert_weight_to_int4pack_for_cpu(q.int(), 1)
-        else:
-            self.packed = self.amx
-            self.scales, self.zeros = (self.scales_and_zeros[..., i].contiguous() for i in (0, 1))
+        q = torch.from_numpy(codes.astype(np.int32))
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # layout depends on the CPU: packed at load
         self.nbytes = self.packed.numel() + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
 
     @classmethod
-    def from_q4_1(cls, blocks: np.ndarray, dtype: torch.dtype = torch.bfloat16, plain: bool = False) -> "Int4Linear":
-        return cls(*q4_1_groups(blocks), dtype=dtype, plain=plain)
-
-    @property
-    def backend(self) -> str:
-        return "AMX Int4 kernel (stepwise)" if self.amx is not None else "torch Int4 kernel"
+    def from_q4_1(cls, blocks: np.ndarray, dtype: torch.dtype = torch.bfloat16) -> "Int4Linear":
+        return cls(*q4_1_groups(blocks), dtype=dtype)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
-        if self.amx is not None:
-            return torch.ops.stepwise_linear.linear_int4(x, self.amx, self.scales, self.zeros, self.out_features)
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
 
     def dequantized(self, columns: int | None = None) -> torch.Tensor:
-        """The weights [out, columns or in], (q - 8) * scale + zero in float32. torch's kernel is read back by
-        feeding it rows of the identity in float32 (its scalar path: slow, for tests); ours by unpacking."""
-        if self.amx is None:
-            eye = torch.eye(self.in_features)[:columns]
-            return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
-                                                     self.scales_and_zeros.float()).t()
-        codes = unpack_nibbles(self.amx, self.out_features, self.in_features)[:, :columns].float()
-        scale, zero = (t.float().t().repeat_interleave(self.group_size, 1)[:, :columns]
-                       for t in (self.scales, self.zeros))
-        return (codes - 8) * scale + zero
-
-
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """codes [out, in] (0..15) -> the AMX kernel's int4 layout [out / 16, in / 32, 256] bytes: per block of 16
-    outputs and group of 32 inputs, the tile's pair-interleaved order ([in / 2][16][2]), and in each run of 64
-    weights byte i holds weight i (low nibble) and weight i + 32 (high nibble)."""
-    n, k = codes.shape
-    tile_order = codes.view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).reshape(n // 16, -1, 64)
-    return (tile_order[..., :32] | (tile_order[..., 32:] << 4)).reshape(n // 16, k // 32, 256).contiguous()
-
-
-def unpack_nibbles(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    runs = packed.view(packed.shape[0], -1, 32)
-    tile_order = torch.cat([runs & 15, runs >> 4], -1)
-    return tile_order.view(-1, in_features // 2, 16, 2).permute(0, 2, 1, 3).reshape(out_features, in_features)
+        """The weights [out, columns or in] as the kernel reads them: fed rows of the identity in float32, it
+        returns one weight per output, (q - 8) * scale + zero, unpacked from the packed layout the bfloat16
+        path reads (float32 takes torch's scalar path: slow, for tests)."""
+        eye = torch.eye(self.in_features)[:columns]
+        return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_and_zeros.float()).t()
 
 
 class LinearFactory:
@@ -277,7 +241,7 @@ class LinearFactory:
             return Linear(weight, self.plain)
         if self.quantization == "int8":
             return Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype, self.plain)
-        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype, self.plain)
+        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype)
 
     def q4_1_blocks(self, name: str) -> np.ndarray:
         """The GGUF's own Q4_1 blocks when the checkpoint keeps them, else the dense weight quantized like them."""

@@ -161,90 +161,6 @@ void multiply_blocks(const uint16_t* X, int64_t m, int64_t kp, Weights weights, 
   }
 }
 
-// int4, groups of 32 inputs (one chunk) with a scale and a zero each: w = (q - 8) * scale + zero. The tiles
-// multiply by the exact small integers q - 8; each group's sums are then scaled and the zero's share added, in
-// float32, group after group in order:
-//   acc += T_g * scale_g;  acc += xsum_g * zero_g      (T_g = sum over the group of x * (q - 8), xsum_g = sum of x)
-// Nibbles: in each run of 64 packed weights, byte i holds weight i (low nibble) and weight i + 32 (high nibble).
-void widen_int4(const uint8_t* q, uint16_t* dst) {  // 512 weights (256 bytes) -> bfloat16 q - 8
-  alignas(64) static const uint16_t minus8[32] = {0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
-                                                  0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0};
-  const __m512i table = _mm512_load_si512(minus8);
-  const __m512i low = _mm512_set1_epi16(0x0F);
-  for (int i = 0; i < 8; ++i) {
-    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * i)));
-    _mm512_storeu_si512(dst + 64 * i, _mm512_permutexvar_epi16(_mm512_and_si512(bytes, low), table));
-    _mm512_storeu_si512(dst + 64 * i + 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table));
-  }
-}
-
-inline __m512 widen_bf16x16(const uint16_t* p, __mmask16 mask) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
-}
-
-// Rows of x times one or two blocks of 16 int4 outputs. q0: the first block's 256 bytes per chunk; scales, zeros:
-// [groups][n_padded] bfloat16; xsum: [m][groups] float32.
-void multiply_int4_blocks(const uint16_t* X, int64_t m, int64_t kp, const uint8_t* q0, int64_t block_bytes,
-                          bool second, const uint16_t* scales, const uint16_t* zeros, int64_t ldz, const float* xsum,
-                          int64_t col0, int64_t n, uint16_t* O, Tiles& tiles) {
-  alignas(64) float tile_out[4][16][16];
-  alignas(64) float acc[32][32];
-  alignas(64) uint16_t w[2][512];
-  const int64_t chunks = kp / 32;
-  for (int64_t row0 = 0; row0 < m; row0 += 32) {
-    const int a = static_cast<int>(std::min<int64_t>(16, m - row0));
-    const int b = static_cast<int>(std::clamp<int64_t>(m - row0 - 16, 0, 16));
-    tiles.configure(a, b);
-    const uint16_t* X0 = X + row0 * kp;
-    const uint16_t* X1 = X0 + 16 * kp;
-    for (int r = 0; r < a + b; ++r) std::fill(acc[r], acc[r] + 32, 0.0f);
-    for (int64_t c = 0; c < chunks; ++c) {
-      if (row0 == 0) {
-        const char* ahead = reinterpret_cast<const char*>(q0 + (c + PREFETCH_INT8_CHUNKS) * 256);
-        for (int l = 0; l < 256; l += 64) {
-          _mm_prefetch(ahead + l, _MM_HINT_T0);
-          if (second) _mm_prefetch(ahead + block_bytes + l, _MM_HINT_T0);
-        }
-      }
-      widen_int4(q0 + c * 256, w[0]);
-      if (second) widen_int4(q0 + block_bytes + c * 256, w[1]);
-      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-      _tile_loadd(6, w[0], 64);
-      _tile_loadd(4, X0 + c * 32, kp * 2);
-      _tile_dpbf16ps(0, 4, 6);
-      if (second) { _tile_loadd(7, w[1], 64); _tile_dpbf16ps(1, 4, 7); }
-      if (b) {
-        _tile_loadd(5, X1 + c * 32, kp * 2);
-        _tile_dpbf16ps(2, 5, 6);
-        if (second) _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, tile_out[0], 64);
-      if (second) _tile_stored(1, tile_out[1], 64);
-      if (b) { _tile_stored(2, tile_out[2], 64); if (second) _tile_stored(3, tile_out[3], 64); }
-      for (int half = 0; half < (second ? 2 : 1); ++half) {
-        const int64_t col = col0 + 16 * half;
-        const __m512 scale = widen_bf16x16(scales + c * ldz + col, 0xFFFF);
-        const __m512 zero = widen_bf16x16(zeros + c * ldz + col, 0xFFFF);
-        for (int r = 0; r < a + b; ++r) {
-          float* out = acc[r] + 16 * half;
-          const __m512 t = _mm512_load_ps(tile_out[(r >= 16 ? 2 : 0) + half][r & 15]);
-          __m512 v = _mm512_add_ps(_mm512_load_ps(out), _mm512_mul_ps(t, scale));
-          v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(xsum[(row0 + r) * chunks + c]), zero));
-          _mm512_store_ps(out, v);
-        }
-      }
-    }
-    for (int half = 0; half < (second ? 2 : 1); ++half) {
-      const int64_t col = col0 + 16 * half, cols = std::min<int64_t>(16, n - col);
-      if (cols <= 0) continue;
-      const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
-      for (int r = 0; r < a + b; ++r) {
-        __m256bh v = _mm512_cvtneps_pbh(_mm512_load_ps(acc[r] + 16 * half));
-        _mm256_mask_storeu_epi16(O + (row0 + r) * n + col, mask, reinterpret_cast<__m256i>(v));
-      }
-    }
-  }
-}
 #endif
 
 bool ready() {
@@ -312,55 +228,15 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   return out;
 }
 
-// x [m, k] bfloat16 times int4 weights (see widen_int4): packed [n / 16][k / 32][256] bytes, scales and zeros
-// [k / 32][n rounded up to 16] bfloat16.
-at::Tensor linear_int4(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scales,
-                       const at::Tensor& zeros, int64_t n) {
-  TORCH_CHECK(ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
-  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kBFloat16, "x must be 2-D bfloat16");
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 256, "packed int4 weights");
-  const int64_t m = x_in.size(0), k = x_in.size(1), blocks = packed.size(0), chunks = packed.size(1), kp = chunks * 32;
-  TORCH_CHECK(k == kp && n <= blocks * 16 && n > blocks * 16 - 16, "x or n does not fit the weight");
-  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && zeros.scalar_type() == at::kBFloat16 &&
-              scales.sizes() == zeros.sizes() && scales.size(0) == chunks && scales.size(1) == blocks * 16,
-              "scales and zeros: [groups, outputs] bfloat16");
-  auto out = at::empty({m, n}, x_in.options());
-#ifdef STEPWISE_AMX
-  if (m == 0) return out;
-  const at::Tensor x = x_in.contiguous(), s = scales.contiguous(), z = zeros.contiguous();
-  // Each row's sum over each group, in input order: the zeros' share of the product.
-  const at::Tensor xsum = x.view({m, chunks, 32}).to(at::kFloat).cumsum(2).select(2, 31).contiguous();
-  const auto* X = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  const auto* Q = packed.const_data_ptr<uint8_t>();
-  const auto* S = reinterpret_cast<const uint16_t*>(s.const_data_ptr());
-  const auto* Z = reinterpret_cast<const uint16_t*>(z.const_data_ptr());
-  const float* XS = xsum.const_data_ptr<float>();
-  auto* O = reinterpret_cast<uint16_t*>(out.data_ptr());
-  const int64_t block_bytes = chunks * 256, pairs = (blocks + 1) / 2;
-  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
-    Tiles tiles;
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t block = 2 * p;
-      multiply_int4_blocks(X, m, kp, Q + block * block_bytes, block_bytes, block + 1 < blocks, S, Z, blocks * 16, XS,
-                           block * 16, n, O, tiles);
-    }
-    _tile_release();
-  });
-#endif
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY(stepwise_linear, m) {
   m.def("ready() -> bool", &ready);  // no tensor argument: one kernel for every backend
   m.def("pack(Tensor weight) -> Tensor");
   m.def("linear(Tensor x, Tensor packed, Tensor? scales, int n) -> Tensor");
-  m.def("linear_int4(Tensor x, Tensor packed, Tensor scales, Tensor zeros, int n) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(stepwise_linear, CPU, m) {
   m.impl("pack", pack);
   m.impl("linear", linear);
-  m.impl("linear_int4", linear_int4);
 }
