@@ -81,6 +81,11 @@ class Llama:
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         return ops.swiglu(gate_up)
 
+    def attend(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               attention: AttentionBackend) -> torch.Tensor:
+        """RoPE on the merged projection's q and k; the backend stores k and v and attends."""
+        return attention(layer, *self.rope_qkv(qkv, cos, sin))
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: AttentionBackend) -> torch.Tensor:
@@ -90,8 +95,7 @@ class Llama:
         h, residual = self.embed[input_ids], None
         for i, layer in enumerate(self.layers):
             h, residual = self.add_rms_norm(h, residual, layer["attn_norm"])
-            q, k, v = self.rope_qkv(layer["qkv"](h), cos, sin)
-            o = attention(i, q, k, v).reshape(tokens, -1)
+            o = self.attend(i, layer["qkv"](h), cos, sin, attention).reshape(tokens, -1)
             h, residual = self.add_rms_norm(layer["o"](o), residual, layer["mlp_norm"])
             h = layer["down"](self.swiglu(layer["gate_up"](h)))
         h, _ = self.add_rms_norm(h, residual, self.norm)

@@ -150,3 +150,14 @@ def test_fused_cpu_kernels_match_common_ops_bit_for_bit(rows, hidden, dtype, sca
     cos, sin = ops.rope_tables(angles.cos(), angles.sin())
     for got, want in zip(fused.rope_qkv(qkv, cos, sin), ops.rope_qkv(qkv, cos, sin, nq, nkv)):
         assert torch.equal(got, want)
+    # RoPE with the KV write fused: the cache rows end as rope_qkv followed by index_copy_ leaves them.
+    q, k, v = ops.rope_qkv(qkv, cos, sin, nq, nkv)
+    write_rows = torch.randperm(rows * nkv + 5, generator=gen)[:rows * nkv].view(rows, nkv)
+    k_rows, v_rows = torch.randn(2, rows * nkv + 5, d, generator=gen).to(dt)
+    want_k, want_v = k_rows.clone(), v_rows.clone()
+    want_k.index_copy_(0, write_rows.view(-1), k.reshape(-1, d))
+    want_v.index_copy_(0, write_rows.view(-1), v.reshape(-1, d))
+    assert torch.equal(fused.rope_qk_store(qkv, cos, sin, k_rows, v_rows, write_rows), q)
+    assert torch.equal(k_rows, want_k) and torch.equal(v_rows, want_v)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        fused.rope_qk_store(qkv, cos, sin, k_rows, v_rows, write_rows + rows * nkv + 5)

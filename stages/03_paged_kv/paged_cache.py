@@ -74,8 +74,17 @@ class PagedKVCache:
         return self.k[layer].view(-1, self.chunk_len, d), self.v[layer].view(-1, self.chunk_len, d)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_rows, v_rows, write_rows = self.store_target(layer)
+        k_rows.index_copy_(0, write_rows.view(-1), k.reshape(-1, k_rows.shape[1]))
+        v_rows.index_copy_(0, write_rows.view(-1), v.reshape(-1, v_rows.shape[1]))
+        return self.attend(layer, q)
+
+    def store_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where this step's keys and values go: the layer's storage as rows of head_dim, and each new token's
+        row per KV head ([tokens, kv_heads])."""
         d = self.config.head_dim
-        rows = self.kv_write_rows.view(-1)
-        self.k[layer].view(-1, d).index_copy_(0, rows, k.reshape(-1, d))
-        self.v[layer].view(-1, d).index_copy_(0, rows, v.reshape(-1, d))
+        return self.k[layer].view(-1, d), self.v[layer].view(-1, d), self.kv_write_rows
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of this step's queries over the keys already stored."""
         return attention(q, *self.chunks(layer), self.meta)

@@ -3,7 +3,9 @@
 ``common.ops`` spells out every rounding of the model's element-wise math; the C++ kernels
 repeat those steps in one pass over a row (``add_rms_norm``: the residual add, the float64
 sum of squares in ``ops.LANES`` lanes, the root, the scale; ``rope_qk``: q and k rotated where
-they lie in the merged projection's output) and give the same bits (``-ffp-contract=off``, no
+they lie in the merged projection's output; ``rope_qk_store``: the same, with the rotated keys
+and the values written straight into the paged cache's rows, so the KV write is no separate
+copy) and give the same bits (``-ffp-contract=off``, no
 fast-math; ``tests/test_stage_04.py`` checks hidden states and logits bit for bit on the real
 model). SwiGLU stays torch's: ``silu`` rounds through torch's own vectorized ``exp``, which a
 kernel of ours could only match by copying that math library.
@@ -29,7 +31,8 @@ SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 
 
 class FusedCPU:
-    """The fused CPU kernels for one model: ``add_rms_norm``, ``rope_qkv``; ``swiglu`` runs torch's ops."""
+    """The fused CPU kernels for one model: ``add_rms_norm``, ``rope_qkv``, ``rope_qk_store``; ``swiglu`` runs
+    torch's ops."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         self.config, self.dtype = config, dtype
@@ -43,7 +46,7 @@ class FusedCPU:
 
     @property
     def note(self) -> str:
-        return f"2 C++ kernels, {native.build_note(SOURCE)}"
+        return f"3 C++ kernels, {native.build_note(SOURCE)}"
 
     def add_rms_norm(self, x, residual, weight):
         return self._call("add_rms_norm", torch.ops.stepwise_fused.add_rms_norm, x, residual, weight,
@@ -56,6 +59,17 @@ class FusedCPU:
         q_and_k = (c.num_attention_heads + c.num_key_value_heads) * c.head_dim
         return (qk[:, :c.num_attention_heads], qk[:, c.num_attention_heads:],
                 qkv[:, q_and_k:].view(qkv.shape[0], c.num_key_value_heads, c.head_dim))
+
+    def rope_qk_store(self, qkv, cos, sin, k_rows, v_rows, write_rows):
+        """q rotated; k rotated and v copied into the cache rows ``write_rows`` (RoPE and the KV write fused)."""
+        c = self.config
+        kernel = torch.ops.stepwise_fused.rope_qk_store
+        self.calls += 1
+        q = kernel(qkv, cos, sin, c.num_attention_heads, c.num_key_value_heads, k_rows, v_rows, write_rows)
+        if self.counter is not None:  # reads qkv, the tables and the rows; writes q, and k and v into the cache
+            kv_written = torch.empty(2 * write_rows.numel() * c.head_dim, dtype=qkv.dtype)
+            self.counter.record("fused rope_qk_store", [qkv, cos, sin, write_rows], [q, kv_written])
+        return q
 
     def swiglu(self, gate_up):
         return ops.swiglu(gate_up)

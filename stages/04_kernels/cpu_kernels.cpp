@@ -11,6 +11,8 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <vector>
 
@@ -68,35 +70,70 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   return {out, new_residual};
 }
 
+// x * cos + swap_halves(x) * sin for one head of d values, each product and the sum in float32.
+template <typename scalar_t>
+inline void rotate(const scalar_t* x, const float* c, const float* s, int64_t d, scalar_t* o) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) o[i] = round_to<scalar_t>(widen(x[i]) * c[i] + widen(x[i + half]) * s[i]);
+  for (int64_t i = half; i < d; ++i) o[i] = round_to<scalar_t>(widen(x[i]) * c[i] + widen(x[i - half]) * s[i]);
+}
+
 // RoPE on the q and k heads of the merged projection's output: qkv [tokens, (heads + 2 kv_heads) * d],
 // cos, sin [tokens, 1, d] float32 as ops.rope_tables makes them. Returns the rotated q and k heads,
-// [tokens, heads + kv_heads, d]: x * cos + swap_halves(x) * sin, each product and the sum in float32.
+// [tokens, heads + kv_heads, d].
 at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
                    int64_t kv_heads) {
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos and sin are float32");
   const auto qc = qkv.contiguous(), cc = cos.contiguous(), sc = sin.contiguous();
   const int64_t tokens = qc.size(0), d = cc.size(-1), rotated = heads + kv_heads, width = qc.size(1);
-  const int64_t half = d / 2;
   auto out = at::empty({tokens, rotated, d}, qc.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qc.scalar_type(), "fused_rope_qk", [&] {
     const scalar_t* xp = qc.data_ptr<scalar_t>();
-    const float* cp = cc.data_ptr<float>();
-    const float* sp = sc.data_ptr<float>();
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        for (int64_t h = 0; h < rotated; ++h)
+          rotate(xp + t * width + h * d, cc.data_ptr<float>() + t * d, sc.data_ptr<float>() + t * d, d,
+                 op + (t * rotated + h) * d);
+    });
+  });
+  return out;
+}
+
+// rope_qk and the KV cache's write in one pass: q heads rotated into the returned [tokens, heads, d]; each
+// token's k heads rotated, and its v heads copied, straight into the cache's rows (k_rows, v_rows: a layer's
+// storage viewed [rows, d]; write_rows [tokens, kv_heads]: the row of each token's head). The same roundings
+// as rope_qk followed by index_copy_, without the rotated k and the copies in between.
+at::Tensor rope_qk_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                         int64_t kv_heads, at::Tensor k_rows, at::Tensor v_rows, const at::Tensor& write_rows) {
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos and sin are float32");
+  TORCH_CHECK(k_rows.is_contiguous() && v_rows.is_contiguous() && k_rows.scalar_type() == qkv.scalar_type() &&
+              v_rows.scalar_type() == qkv.scalar_type(), "the cache rows are contiguous, in the model dtype");
+  const auto qc = qkv.contiguous(), cc = cos.contiguous(), sc = sin.contiguous();
+  const auto rows = write_rows.to(at::kLong).contiguous();
+  const int64_t tokens = qc.size(0), d = cc.size(-1), width = qc.size(1), cache_rows = k_rows.size(0);
+  TORCH_CHECK(width == (heads + 2 * kv_heads) * d && k_rows.size(1) == d && rows.numel() == tokens * kv_heads,
+              "qkv, the cache rows and write_rows do not fit together");
+  auto q = at::empty({tokens, heads, d}, qc.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qc.scalar_type(), "fused_rope_qk_store", [&] {
+    const scalar_t* xp = qc.data_ptr<scalar_t>();
+    scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k_rows.data_ptr<scalar_t>(), *vp = v_rows.data_ptr<scalar_t>();
+    const int64_t* rp = rows.data_ptr<int64_t>();
+    at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        const float* c = cp + t * d;
-        const float* s = sp + t * d;
-        for (int64_t h = 0; h < rotated; ++h) {
-          const scalar_t* x = xp + t * width + h * d;
-          scalar_t* o = op + (t * rotated + h) * d;
-          for (int64_t i = 0; i < half; ++i) o[i] = round_to<scalar_t>(widen(x[i]) * c[i] + widen(x[i + half]) * s[i]);
-          for (int64_t i = half; i < d; ++i) o[i] = round_to<scalar_t>(widen(x[i]) * c[i] + widen(x[i - half]) * s[i]);
+        const float *c = cc.data_ptr<float>() + t * d, *s = sc.data_ptr<float>() + t * d;
+        const scalar_t* x = xp + t * width;
+        for (int64_t h = 0; h < heads; ++h) rotate(x + h * d, c, s, d, qp + (t * heads + h) * d);
+        for (int64_t j = 0; j < kv_heads; ++j) {
+          const int64_t row = rp[t * kv_heads + j];
+          TORCH_CHECK(row >= 0 && row < cache_rows, "write_rows outside the cache");
+          rotate(x + (heads + j) * d, c, s, d, kp + row * d);
+          std::memcpy(vp + row * d, x + (heads + kv_heads + j) * d, d * sizeof(scalar_t));
         }
       }
     });
   });
-  return out;
+  return q;
 }
 
 }  // namespace
@@ -104,9 +141,12 @@ at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
 TORCH_LIBRARY(stepwise_fused, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rope_qk(Tensor qkv, Tensor cos, Tensor sin, int heads, int kv_heads) -> Tensor");
+  m.def("rope_qk_store(Tensor qkv, Tensor cos, Tensor sin, int heads, int kv_heads, Tensor(a!) k_rows, "
+        "Tensor(b!) v_rows, Tensor write_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(stepwise_fused, CPU, m) {
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rope_qk", rope_qk);
+  m.impl("rope_qk_store", rope_qk_store);
 }

@@ -69,6 +69,13 @@ class KernelLlama(Llama):
         qk = self.kernels.rope_(qkv[:, :(nq + nkv) * d].view(-1, nq + nkv, d), cos, sin)
         return qk[:, :nq], qk[:, nq:], qkv[:, (nq + nkv) * d:].view(-1, nkv, d)
 
+    def attend(self, layer, qkv, cos, sin, attention):
+        # On CPU the rotated keys and the values go straight into the paged cache: RoPE and the KV write in
+        # one kernel. (On CUDA the cache's own Triton kernel writes them, after the RoPE kernel.)
+        if self.fused is not None and hasattr(attention, "store_target"):
+            return attention.attend(layer, self.fused.rope_qk_store(qkv, cos, sin, *attention.store_target(layer)))
+        return super().attend(layer, qkv, cos, sin, attention)
+
     def swiglu(self, gate_up):
         if self.use_kernels:
             return self.kernels.swiglu(gate_up)
