@@ -36,3 +36,15 @@ def test_quantized_models_mostly_agree_with_bfloat16(rows):
     assert rows["int4"]["top-1 agreement on text"] >= 0.9
     assert rows["int8"]["mean common prefix"] >= 6 and rows["int4"]["mean common prefix"] >= 6
     assert rows["int4"]["weight MB"] < rows["int8"]["weight MB"] < rows["bfloat16"]["weight MB"] / 1.9
+
+
+def test_the_command_prints_its_table():
+    """`python -m common.tools.quality` end to end, on the tiny model and a few tokens (it once failed only when
+    run as a module: a helper was defined below the call to main)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "common.tools.quality", "--model", "tiny", "--prompts", "1",
+                          "--tokens", "2", "--window", "32"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "perplexity" in out.stdout and "int4" in out.stdout

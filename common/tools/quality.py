@@ -105,6 +105,14 @@ def measure(model: str = "smollm2-135m", precisions=PRECISIONS, prompts: int = 1
     return rows
 
 
+def format_figure(figure: str, v, prompts: int) -> str:
+    if "agreement" in figure:
+        return f"{v:.2%}"
+    if isinstance(v, float):
+        return f"{v:,.3f}"
+    return f"{v}/{prompts}" if "continuations" in figure else f"{v:,}"
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -128,11 +136,3 @@ def main(argv=None) -> dict:
 
 if __name__ == "__main__":
     main()
-
-
-def format_figure(figure: str, v, prompts: int) -> str:
-    if "agreement" in figure:
-        return f"{v:.2%}"
-    if isinstance(v, float):
-        return f"{v:,.3f}"
-    return f"{v}/{prompts}" if "continuations" in figure else f"{v:,}"
