@@ -82,12 +82,12 @@ class Linear(RowTiled):
         self.nbytes = weight.numel() * weight.element_size()
         self.plain = plain
         self.packed = self.amx = self.weight_t = None
-        if uses_packed_bf16(weight.device, weight.dtype) and not plain and native.amx_linear_ready():
-            self.amx = torch.ops.stepwise_linear.pack(weight.contiguous())
-        elif uses_packed_bf16(weight.device, weight.dtype):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
-        else:
+        if not uses_packed_bf16(weight.device, weight.dtype):
             self.weight_t = weight.t().contiguous()
+        elif not plain and native.amx_linear_ready():
+            self.amx = torch.ops.stepwise_linear.pack(weight.contiguous())
+        else:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
 
     @property
     def backend(self) -> str:

@@ -28,8 +28,8 @@ Intel AMX runs on our own (``common/native/linear.cpp``): the weights are widene
 elsewhere, and in plain mode, on ``torch._weight_int8pack_mm``. At SmolLM2's shapes on the
 build machine ours reads one request's int8 weights 1.5x as fast, and at 32 rows it is 6x
 as fast (torch's int8 kernel widens the weights again for every 4 rows). An AMX int4 kernel
-was tried (tiles on the exact integers q - 8, each group's sums scaled afterwards): 3x
-torch's speed at 32 rows but 1.4x slower for one request, the case int4 is for.
+was tried (tiles on the exact integers q - 8, each group's sums scaled afterwards): about
+2x torch's speed at 32 rows but 1.2-1.6x slower for one request, the case int4 is for.
 
 Batch invariance: every kernel computes each output row from its own input row alone, in one
 fixed order over the input features, with no split over them (ours by construction; torch's

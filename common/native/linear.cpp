@@ -1,4 +1,5 @@
-// Batch-invariant linears on Intel AMX: y = x @ W.T in bfloat16, float32 accumulation.
+// Batch-invariant linears on Intel AMX: y = x @ W.T with bfloat16 activations, float32 accumulation, and
+// weights in bfloat16 or in int8 with one scale per output (widened to bfloat16 exactly, a tile at a time).
 //
 // Why a kernel of our own: oneDNN's bfloat16 linear keeps a row's bits only in calls of up
 // to 32 rows on the machine this was built on, and at one row it reads the weights at about
