@@ -263,10 +263,14 @@ def test_a_replica_killed_mid_load_fails_its_requests_cleanly_and_is_replaced(tw
             # no client may hang: all of them end within the bound
             results = await asyncio.wait_for(asyncio.gather(first_client_kills_its_replica(http), *clients), 120)
             recovered, killed["ended"] = False, time.monotonic()
+            # The controller notices a death at its next health check (seconds), possibly after every client
+            # ended: recovered means /health first showed the loss, then two replicas running again.
             deadline = time.monotonic() + STARTUP_BOUND  # for Ray Serve to start the replacement
             while not recovered and time.monotonic() < deadline:
                 h = (await http.get(two.url + "/health")).json()
-                recovered = h["status"] == "ok" and h["replicas"] == {"RUNNING": 2}
+                seen_health.append(h)
+                lost = any(s["status"] != "ok" or s["replicas"].get("RUNNING") != 2 for s in seen_health)
+                recovered = lost and h["status"] == "ok" and h["replicas"] == {"RUNNING": 2}
                 await asyncio.sleep(0.5)
             killed["recovered"] = time.monotonic()
             stop.set()
