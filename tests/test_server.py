@@ -101,6 +101,25 @@ def test_32_concurrent_streaming_clients(tiny_server, tiny_ref):
     assert wait_until(lambda: tiny_server.llm.engine.block_manager.num_used_blocks == 0)
 
 
+def test_the_load_runs_reader_counts_what_the_server_streams(tiny_ref):
+    """`load`'s bare HTTP/1.1 reader (chunked transfer, SSE events) counts the reference's tokens for each request,
+    times them, sends the API key, and says why a refused request failed."""
+    load = importlib.import_module("stages.05_streaming.load")
+    questions = [load.CHAT_QUESTIONS[i % len(load.CHAT_QUESTIONS)] for i in range(6)]
+    want = tiny_ref.generate([tiny_ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])
+                              for q in questions], SamplingParams(temperature=0, max_tokens=12))
+    with Server(streaming.LLM("tiny", max_num_seqs=4), "tiny", api_key="s3cret") as s:
+        results, wall = asyncio.run(load.run_clients(s.url, "tiny", 3, 6, 12, api_key="s3cret"))
+        with pytest.raises(RuntimeError, match="401"):
+            asyncio.run(load.run_clients(s.url, "tiny", 1, 1, 4))
+    assert sorted(r["request"] for r in results) == list(range(6))
+    for r in results:
+        assert r["tokens"] == len(want[r["request"]].token_ids)
+        assert 0 < r["ttft"] <= r["e2e"] <= wall and (r["tpot"] is None) == (r["tokens"] < 2)
+    with pytest.raises(ValueError, match="http://"):
+        asyncio.run(load.run_clients("https://127.0.0.1:1", "tiny", 1, 1, 4))
+
+
 def test_client_disconnect_aborts_the_request(tiny_server):
     """The abort itself is checked (its finish reason, counted), not only blocks freed: a request that simply ran
     to its end would free them too."""

@@ -87,9 +87,10 @@ def run(args: argparse.Namespace) -> None:
         from .load import load_url, load_with_server
         model = args.served_model_name or args.model
         if args.url:
-            load_url(args.url, model, args.clients, args.num_requests, args.max_tokens, console)
+            load_url(args.url, model, args.clients, args.num_requests, args.max_tokens, console, args.api_key)
         else:
-            load_with_server(serve_arguments(args), model, args.clients, args.num_requests, args.max_tokens, console)
+            load_with_server(serve_arguments(args), model, args.clients, args.num_requests, args.max_tokens, console,
+                             api_key=args.api_key)
         return
     args.max_num_seqs = args.max_num_seqs or 16
     llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
