@@ -91,6 +91,40 @@ def test_ladder_figures_are_the_engines_counters(tmp_path, monkeypatch, capsys):
             / result["matmul_flops"])
 
 
+def test_median_run_keeps_the_middle_rate_and_only_tokens_every_round_agrees_on():
+    rows = [{"output tok/s": v, "tokens": [[1, 2]]} for v in (300.0, 100.0, 200.0)]
+    row = runs.median_run(rows)
+    assert (row["output tok/s"], row["tokens"], row["rounds tok/s"]) == (200.0, [[1, 2]], "300.0 / 100.0 / 200.0")
+    assert runs.median_run(rows[:2])["output tok/s"] == 100.0  # an even count: the lower middle
+    assert "rounds tok/s" not in runs.median_run(rows[:1])
+    rows[0]["tokens"] = [[1, 3]]
+    assert runs.median_run(rows)["tokens"] is None
+
+
+def test_ladder_rounds_interleave_the_engines_and_report_each_ones_median(monkeypatch):
+    built = []
+
+    def spy(module, args):
+        llm = make_llm(module, args)
+        built.append((STAGE_NAMES[module] + (", plain math" if args.no_batch_invariant else ""), llm))
+        return llm
+
+    monkeypatch.setattr(runs, "make_llm", spy)
+    result = ladder.main(["--model", "tiny", "--workload", "random", "--num-requests", "5", "--max-tokens", "10",
+                          "--prompt-range", "4,30", "--max-num-seqs", "4", "--stages", "01,03", "--rounds", "3",
+                          "--no-hf", "--no-llama-cpp"])
+    names = ["01 static", "03 paged", "03 paged, plain math"]
+    assert [name for name, _ in built] == names * 3  # round by round, never one engine three times in a row
+    for name in names:
+        rates = [llm.stats.output_tokens / llm.stats.wall_seconds for n, llm in built if n == name]
+        row = result["engines"][name]
+        assert row["output tok/s"] == pytest.approx(sorted(rates)[1])
+        assert row["rounds tok/s"] == " / ".join(f"{r:.1f}" for r in rates)
+    assert result["same_tokens"]["01 static"] and result["same_tokens"]["03 paged"]  # plain math may differ
+    assert result["invariant_over_plain"][4] == pytest.approx(
+        result["engines"]["03 paged"]["output tok/s"] / result["engines"]["03 paged, plain math"]["output tok/s"])
+
+
 def test_hf_baseline_counts_the_reference_tokens():
     import torch
 

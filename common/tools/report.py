@@ -42,6 +42,8 @@ def summary_row(stats: EngineStats, outputs: list[RequestOutput], max_num_seqs: 
 def format_value(metric: str, v) -> str:
     if metric in ("slot util", "KV waste", "prefix hit rate", "bandwidth use", "compute use"):
         return f"{v:.1%}"
+    if isinstance(v, str):
+        return v
     return f"{v:,.2f}" if isinstance(v, float) else f"{v:,}"
 
 

@@ -26,7 +26,7 @@ from common.reference import ReferenceLLM
 from common.tools.report import format_value
 
 from . import baselines, verdict
-from .runs import hf_single_request, single_request, stage_row
+from .runs import hf_single_request, median_run, single_request, stage_row
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.set_defaults(num_requests=128, max_tokens=128, max_num_seqs=32)
     ap.add_argument("--stages", default="01,02,03,04,05", help="which stages to run, e.g. 01,03")
     ap.add_argument("--in-flight", default=None, help="several max_num_seqs to run the stages at, e.g. 32,64")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the stages this many times, interleaved, and keep each one's median run")
     ap.add_argument("--no-plain", action="store_true", help="skip stage 03 on plain math (the price of invariance)")
     ap.add_argument("--hf-batch-sizes", default="16,32,64", help="left-padded batch sizes HF generate tries")
     ap.add_argument("--no-hf", action="store_true")
@@ -73,21 +75,25 @@ def main(argv=None) -> dict:
         suffix = f" @{n}" if len(in_flight) > 1 else ""
         run_args = copy.copy(args)
         run_args.max_num_seqs = n
-        ran = {}
-        for nn in args.stages.split(","):
-            module = next(m for m in STAGE_NAMES if m.startswith(f"stages.{nn}"))
-            ran[STAGE_NAMES[module]] = stage_row(module, run_args, prompts, params, read_bw, flops)
-            console.print(f"{STAGE_NAMES[module]}{suffix}: {ran[STAGE_NAMES[module]]['output tok/s']:.1f} output tok/s")
-        verdicts[n] = verdict.verdict(ran)
-        if not args.no_plain and "03 paged" in ran:
-            run_args.no_batch_invariant = True
-            ran["03 paged, plain math"] = plain = stage_row("stages.03_paged_kv", run_args, prompts, params, read_bw,
-                                                            flops)
-            plain_ratio[n] = ran["03 paged"]["output tok/s"] / plain["output tok/s"]
-            console.print(f"03 paged, plain math{suffix}: {plain['output tok/s']:.1f} output tok/s")
+        runs: dict[str, list[dict]] = {}
+        engines = [(STAGE_NAMES[m], m, False) for nn in args.stages.split(",")
+                   for m in STAGE_NAMES if m.startswith(f"stages.{nn}")]
+        if not args.no_plain and any(m == "stages.03_paged_kv" for _, m, _ in engines):
+            engines.append(("03 paged, plain math", "stages.03_paged_kv", True))
+        for r in range(args.rounds):  # interleaved, so a slow minute on a shared machine hits every engine alike
+            for name, module, plain in engines:
+                run_args.no_batch_invariant = plain or getattr(args, "no_batch_invariant", False)
+                runs.setdefault(name, []).append(stage_row(module, run_args, prompts, params, read_bw, flops))
+                console.print(f"{name}{suffix}{f' (round {r + 1})' if args.rounds > 1 else ''}: "
+                              f"{runs[name][-1]['output tok/s']:.1f} output tok/s")
+        ran = {name: median_run(name_runs) for name, name_runs in runs.items()}
+        verdicts[n] = verdict.verdict({k: v for k, v in ran.items() if "plain" not in k})
+        if "03 paged, plain math" in ran:
+            plain_ratio[n] = ran["03 paged"]["output tok/s"] / ran["03 paged, plain math"]["output tok/s"]
         rows.update({name + suffix: r for name, r in ran.items()})
     first_tokens = next(iter(rows.values()))["tokens"]
-    same = {name: r.pop("tokens") == first_tokens for name, r in rows.items()}
+    # None: an engine's rounds disagreed among themselves, which can never count as the same tokens
+    same = {name: (tokens := r.pop("tokens")) is not None and tokens == first_tokens for name, r in rows.items()}
     base, notes = run_baselines(args, ids, params, console)
     first = next(iter(rows.values()))["output tok/s"]
     columns = {**rows, **{b["engine"]: b for b in base.values()}}

@@ -30,6 +30,16 @@ def stage_row(module: str, args: argparse.Namespace, prompts, params, bandwidth:
     return r
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median output tok/s (the lower middle of an even count), its tokens kept only if every
+    run gave the same ones, and every run's rate listed."""
+    middle = sorted(runs, key=lambda r: r["output tok/s"])[(len(runs) - 1) // 2]
+    row = dict(middle, tokens=middle["tokens"] if all(r["tokens"] == middle["tokens"] for r in runs) else None)
+    if len(runs) > 1:
+        row["rounds tok/s"] = " / ".join(f"{r['output tok/s']:.1f}" for r in runs)
+    return row
+
+
 def decode_rate(token_times: list[float]) -> float:
     """Tokens per second after the first (the decode pace)."""
     return (len(token_times) - 1) / (token_times[-1] - token_times[0])
