@@ -161,3 +161,25 @@ def test_fused_cpu_kernels_match_common_ops_bit_for_bit(rows, hidden, dtype, sca
     assert torch.equal(k_rows, want_k) and torch.equal(v_rows, want_v)
     with pytest.raises(RuntimeError, match="outside the cache"):
         fused.rope_qk_store(qkv, cos, sin, k_rows, v_rows, write_rows + rows * nkv + 5)
+    gate_up = (torch.randn(rows, 2 * hidden, generator=gen) * scale).to(dt)
+    assert torch.equal(fused.swiglu(gate_up), ops.swiglu(gate_up))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fused_swiglu_gives_torchs_bits_for_every_gate_value(dtype):
+    """The table-driven SwiGLU kernel against torch's silu and multiply (common.ops.swiglu) on all 65,536 gate
+    values at once, each times three different ups: every bit (a NaN may be any NaN)."""
+    import torch
+
+    from common import ops
+    cpu_fusion = importlib.import_module("stages.04_kernels.cpu_fusion")
+    dt = getattr(torch, dtype)
+    fused = cpu_fusion.FusedCPU(ReferenceLLM("tiny").config, dt)
+    assert fused.silu_table is not None and "4 C++ kernels" in fused.note
+    bits = torch.arange(1 << 16, dtype=torch.int32)
+    gates = torch.where(bits >= 1 << 15, bits - (1 << 16), bits).to(torch.int16).view(dt).view(64, 1024)
+    for up in (torch.ones(64, 1024), torch.full((64, 1024), -1.37), torch.randn(64, 1024)):
+        gate_up = torch.cat([gates, up.to(dt)], 1)
+        got, want = fused.swiglu(gate_up), ops.swiglu(gate_up)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got[~got.isnan()].view(torch.int16), want[~want.isnan()].view(torch.int16))

@@ -1,4 +1,4 @@
-// Fused element-wise kernels for CPU: common/ops.py's add_rms_norm and RoPE, one pass and one call each.
+// Fused element-wise kernels for CPU: common/ops.py's add_rms_norm, RoPE and SwiGLU, one pass and one call each.
 //
 // They must give the reference's bits, so every step below is one of common/ops.py's operations, rounded
 // where torch rounds it: a bfloat16 add or multiply is computed in float and rounded to bfloat16
@@ -136,6 +136,34 @@ at::Tensor rope_qk_store(const at::Tensor& qkv, const at::Tensor& cos, const at:
   return q;
 }
 
+// silu(gate) * up for the merged projection's output gate_up [rows, 2 * ffn] -> [rows, ffn]. silu goes through
+// torch's vectorized exp, whose bits no formula of ours can promise to repeat; but a 16-bit gate has only 65,536
+// values, so silu_table holds torch's own silu of each (built at load by F.silu on all of them, widened to
+// float32: exact) and the kernel looks it up, then multiplies in float and rounds, as torch's multiply does.
+// The loop vectorizes (a gather from the table, integer widening and rounding).
+at::Tensor swiglu(const at::Tensor& gate_up, const at::Tensor& silu_table) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up is [rows, 2 * ffn]");
+  TORCH_CHECK(silu_table.numel() == 65536 && silu_table.is_contiguous() && silu_table.scalar_type() == at::kFloat,
+              "silu_table holds silu of all 65,536 values, as float32");
+  const auto gc = gate_up.contiguous();
+  const int64_t rows = gc.size(0), f = gc.size(1) / 2;
+  auto out = at::empty({rows, f}, gc.options());
+  const float* table = silu_table.data_ptr<float>();
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(gc.scalar_type(), "fused_swiglu", [&] {
+    const scalar_t* gp = gc.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const uint16_t* gate = reinterpret_cast<const uint16_t*>(gp + row * 2 * f);
+        const scalar_t* up = gp + row * 2 * f + f;
+        scalar_t* o = op + row * f;
+        for (int64_t i = 0; i < f; ++i) o[i] = round_to<scalar_t>(table[gate[i]] * widen(up[i]));
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(stepwise_fused, m) {
@@ -143,10 +171,12 @@ TORCH_LIBRARY(stepwise_fused, m) {
   m.def("rope_qk(Tensor qkv, Tensor cos, Tensor sin, int heads, int kv_heads) -> Tensor");
   m.def("rope_qk_store(Tensor qkv, Tensor cos, Tensor sin, int heads, int kv_heads, Tensor(a!) k_rows, "
         "Tensor(b!) v_rows, Tensor write_rows) -> Tensor");
+  m.def("swiglu(Tensor gate_up, Tensor silu_table) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(stepwise_fused, CPU, m) {
   m.impl("add_rms_norm", add_rms_norm);
   m.impl("rope_qk", rope_qk);
   m.impl("rope_qk_store", rope_qk_store);
+  m.impl("swiglu", swiglu);
 }
