@@ -139,6 +139,32 @@ def test_attention_is_exact_and_batch_invariant(seqs, heads, d, block_size, dtyp
             assert torch.equal(torch.cat([first, second]), alone)
 
 
+@pytest.mark.skipif(True not in IMPLEMENTATIONS, reason="the compiled CPU attention did not build here")
+@settings(max_examples=40, deadline=None)
+@given(seqs=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 200)), min_size=1, max_size=4),
+       heads=st.sampled_from([(6, 2), (9, 3), (4, 4), (8, 1)]), d=st.sampled_from([16, 32, 48, 64, 128]),
+       block_size=st.sampled_from([1, 4, 16, 48, 128]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 2**32 - 1),
+       scale=st.sampled_from([0.1, 1.0, 8.0]))
+def test_compiled_attentions_vector_version_gives_the_portable_versions_bits(seqs, heads, d, block_size, dtype,
+                                                                            seed, scale):
+    """attention.cpp runs a 16-keys-at-a-time AVX-512 version where it can (a head dimension that is a multiple
+    of 16); it must make the portable version's sums in the portable version's order: every bit the same."""
+    import os
+    nh, nkv = heads
+    gen = torch.Generator().manual_seed(seed)
+    qlens, ctx = [n for n, _ in seqs], [n + past for n, past in seqs]
+    store = PagedStorage(gen, ctx, nkv, d, block_size, dtype, scale)
+    q = randn(gen, sum(qlens), nh, d, scale=scale, dtype=dtype)
+    vector = store.run(q, list(range(len(seqs))), qlens, ctx, nh, True)
+    os.environ["STEPWISE_ATTENTION_PORTABLE"] = "1"
+    try:
+        portable = store.run(q, list(range(len(seqs))), qlens, ctx, nh, True)
+    finally:
+        del os.environ["STEPWISE_ATTENTION_PORTABLE"]
+    assert torch.equal(vector, portable)
+
+
 @settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 40), pick=st.integers(0, 39), hidden=st.sampled_from([192, 576]),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-3, 1.0, 50.0]))
