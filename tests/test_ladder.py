@@ -125,6 +125,13 @@ def test_ladder_rounds_interleave_the_engines_and_report_each_ones_median(monkey
         result["engines"]["03 paged"]["output tok/s"] / result["engines"]["03 paged, plain math"]["output tok/s"])
 
 
+@pytest.mark.parametrize("rounds", ["0", "-2", "three"])
+def test_a_round_count_that_runs_nothing_is_refused_with_a_reason(rounds, capsys):
+    with pytest.raises(SystemExit):
+        importlib.import_module("stages.bench.ladder").build_parser().parse_args(["--rounds", rounds])
+    assert "--rounds" in capsys.readouterr().err
+
+
 def test_hf_baseline_counts_the_reference_tokens():
     import torch
 

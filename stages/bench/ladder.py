@@ -4,7 +4,8 @@ Prints a table (metrics down, engines across) with each engine's ratio to stage 
 baseline, the same stage on plain (not batch-invariant) math for the price of invariance, one
 request alone against HF at batch 1 and against the read-bandwidth ceiling, and a verdict: does
 every stage beat the one before it? Writes the figures as JSON (--json, default
-bench-<workload>.json) and, with --plot FILE.png, a picture.
+bench-<workload>.json) and, with --plot FILE.png, a picture. With --rounds R the stages run R times,
+interleaved, and each keeps its median run (this VM's speed moves by 10-30% from minute to minute).
 """
 from __future__ import annotations
 
@@ -29,12 +30,22 @@ from . import baselines, verdict
 from .runs import hf_single_request, median_run, single_request, stage_row
 
 
+def rounds_arg(text: str) -> int:
+    try:
+        rounds = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of rounds") from None
+    if rounds < 1:
+        raise argparse.ArgumentTypeError(f"{rounds} rounds would run nothing: give 1 or more")
+    return rounds
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = parser(__doc__)
     ap.set_defaults(num_requests=128, max_tokens=128, max_num_seqs=32)
     ap.add_argument("--stages", default="01,02,03,04,05", help="which stages to run, e.g. 01,03")
     ap.add_argument("--in-flight", default=None, help="several max_num_seqs to run the stages at, e.g. 32,64")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=rounds_arg, default=1,
                     help="run the stages this many times, interleaved, and keep each one's median run")
     ap.add_argument("--no-plain", action="store_true", help="skip stage 03 on plain math (the price of invariance)")
     ap.add_argument("--hf-batch-sizes", default="16,32,64", help="left-padded batch sizes HF generate tries")
