@@ -93,7 +93,7 @@ def main(argv=None) -> dict:
             engines.append(("03 paged, plain math", "stages.03_paged_kv", True))
         for r in range(args.rounds):  # interleaved, so a slow minute on a shared machine hits every engine alike
             for name, module, plain in engines:
-                run_args.no_batch_invariant = plain or getattr(args, "no_batch_invariant", False)
+                run_args.no_batch_invariant = plain or args.no_batch_invariant
                 runs.setdefault(name, []).append(stage_row(module, run_args, prompts, params, read_bw, flops))
                 console.print(f"{name}{suffix}{f' (round {r + 1})' if args.rounds > 1 else ''}: "
                               f"{runs[name][-1]['output tok/s']:.1f} output tok/s")
