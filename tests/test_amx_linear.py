@@ -52,6 +52,17 @@ def test_int8_holds_torchs_weights_and_matches_its_kernel_within_rounding():
     torch.testing.assert_close(ours.matmul(x).float(), torchs.matmul(x).float(), rtol=1.6e-2, atol=1e-3)
 
 
+def test_every_int8_value_widens_exactly():
+    """The kernel widens sign-and-magnitude bytes through two 128-entry tables: each of -127..127 must come
+    back as itself (scale 1: every row's largest magnitude is 127), in every position of the packed order."""
+    values = torch.arange(-127, 128).float()
+    w = torch.stack([torch.cat([values.roll(i), torch.zeros(1)]) for i in range(16)])  # [16, 256]
+    linear = build("int8", w)
+    assert torch.equal(linear.scales.float(), torch.ones(16))
+    assert torch.equal(linear.matmul(torch.eye(256).bfloat16()).t().float(), w)
+    assert torch.equal(linear.rows(torch.arange(16)).float(), w)
+
+
 def test_plain_math_keeps_torchs_own_linears():
     w = torch.randn(64, 64)
     assert Linear(w.bfloat16(), plain=True).backend == "oneDNN prepacked"
@@ -64,3 +75,5 @@ def test_bad_shapes_fail_clearly():
         torch.ops.stepwise_linear.linear(torch.randn(2, 128).bfloat16(), linear.amx, None, 48)
     with pytest.raises(RuntimeError, match="bfloat16"):
         torch.ops.stepwise_linear.linear(torch.randn(2, 64), linear.amx, None, 48)
+    with pytest.raises(RuntimeError, match="-127..127"):  # -128 has no sign-and-magnitude byte
+        torch.ops.stepwise_linear.pack(torch.full((16, 32), -128, dtype=torch.int8))
