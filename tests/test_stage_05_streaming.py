@@ -267,6 +267,39 @@ def test_concurrent_async_first_requests_start_one_background_loop(reference):
     llm.shutdown()
 
 
+def test_async_readers_get_one_step_in_one_hand_off(reference):
+    """A step's chunks for every asynchronous reader reach their event loop in one call, in order: one wake-up of
+    the server's loop per step, not one per streamed token."""
+    import asyncio
+    llm = streaming.LLM("tiny", max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    steps, hand_offs = [0], [0]
+    engine_step = llm.engine.step
+
+    def counted_step():
+        steps[0] += 1
+        return engine_step()
+
+    llm.engine.step = counted_step
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counted(*args):
+            hand_offs[0] += 1
+            return call_soon_threadsafe(*args)
+
+        loop.call_soon_threadsafe = counted
+        streams = [llm.add_request([20 + i, 7], params, loop) for i in range(8)]
+        return [[t for c in [c async for c in s] for t in c.token_ids] for s in streams]
+
+    outputs = asyncio.run(main())
+    llm.shutdown()
+    assert outputs == [e.token_ids for e in reference.generate([[20 + i, 7] for i in range(8)], params)]
+    assert 0 < hand_offs[0] <= steps[0] < 8 * 6  # one per step; one per token would be 48
+
+
 def test_shutdown_waits_for_the_loop_and_a_later_request_starts_a_new_one(reference):
     llm = streaming.LLM("tiny", max_num_seqs=2)
     params = SamplingParams(temperature=0.7, seed=4, max_tokens=8, ignore_eos=True)

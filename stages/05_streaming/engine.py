@@ -30,7 +30,7 @@ from common.sequence import Sequence
 from common.validate import check_int
 
 from .metrics import EngineMetrics
-from .streams import QueueFull, RequestStream, StreamChunk, stable_text_len
+from .streams import Outbox, QueueFull, RequestStream, StreamChunk, stable_text_len
 
 kernels = importlib.import_module("stages.04_kernels")
 paged = importlib.import_module("stages.03_paged_kv")
@@ -66,6 +66,7 @@ class LLM(FrontEnd):
         self._streams: dict[str, RequestStream] = {}  # by request id
         self._by_seq: dict[int, RequestStream] = {}  # by seq_id
         self._wakeup = threading.Event()
+        self._outbox = Outbox()  # async readers' chunks, delivered once per step
         self._stepping = threading.Lock()  # held by whoever steps the engine (a loop holds it while it runs)
         self._start_lock = threading.Lock()  # two async first requests must not start two background loops
         self._thread: threading.Thread | None = None
@@ -85,7 +86,7 @@ class LLM(FrontEnd):
         if self.num_waiting >= self.max_waiting:
             raise QueueFull(f"{self.max_waiting} requests are already waiting; retry shortly")
         stream = RequestStream(f"req-{next(_request_ids)}", seq, self.next_chunk, loop=loop,
-                               async_chunks=asyncio.Queue() if loop is not None else None)
+                               async_chunks=asyncio.Queue() if loop is not None else None, outbox=self._outbox)
         self._inbox.put(("add", stream))
         self._wakeup.set()
         if loop is not None and not self.looping:  # an async reader cannot step the engine itself
@@ -186,6 +187,10 @@ class LLM(FrontEnd):
 
     def run_step(self) -> bool:
         """Apply the inbox, run one engine step, publish what it produced; False when there was nothing to run."""
+        with self._outbox.holding():
+            return self._step_and_publish()
+
+    def _step_and_publish(self) -> bool:
         try:
             self._apply_inbox()
             if not self.engine.has_work():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,13 +34,15 @@ class RequestStream:
     chunks: queue.Queue = field(default_factory=queue.Queue)
     loop: asyncio.AbstractEventLoop | None = None  # set for async readers (the server)
     async_chunks: asyncio.Queue | None = None
+    outbox: "Outbox | None" = None  # hands async chunks to their loop once per step
     sent_text: int = 0
     sent_tokens: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
     def put(self, chunk: StreamChunk) -> None:
         if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.async_chunks.put_nowait, chunk)
+            if self.outbox is None or not self.outbox.add(self, chunk):
+                self.loop.call_soon_threadsafe(self.async_chunks.put_nowait, chunk)
         else:
             self.chunks.put(chunk)
         if chunk.finish_reason is not None:
@@ -58,6 +61,38 @@ class RequestStream:
             yield chunk
             if chunk.finish_reason is not None:
                 return
+
+
+class Outbox:
+    """Chunks for asynchronous readers, held while the engine steps and then handed to each event loop in one
+    call: one wake-up of the server's loop per step instead of one per streamed token (each wake-up is a write
+    to the loop's self-pipe on this thread and a round of the interpreter lock between the two threads)."""
+
+    def __init__(self):
+        self.pending: dict[asyncio.AbstractEventLoop, list] | None = None  # None: not holding
+
+    @contextmanager
+    def holding(self):
+        self.pending = {}
+        try:
+            yield
+        finally:
+            pending, self.pending = self.pending, None
+            for loop, items in pending.items():
+                loop.call_soon_threadsafe(deliver, items)
+
+    def add(self, stream: RequestStream, chunk: StreamChunk) -> bool:
+        """Hold the chunk for the end of the step; False when not holding (the caller delivers it now)."""
+        if self.pending is None:
+            return False
+        self.pending.setdefault(stream.loop, []).append((stream, chunk))
+        return True
+
+
+def deliver(items: list) -> None:
+    """On the event loop: the chunks one step produced, in order."""
+    for stream, chunk in items:
+        stream.async_chunks.put_nowait(chunk)
 
 
 def stable_text_len(seq: Sequence) -> int:
