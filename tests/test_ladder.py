@@ -109,10 +109,20 @@ def test_ladder_rounds_interleave_the_engines_and_report_each_ones_median(monkey
         built.append((STAGE_NAMES[module] + (", plain math" if args.no_batch_invariant else ""), llm))
         return llm
 
+    decode_rates = []
+
+    def recorded_rate(token_times):  # fixed rates, so the median is known: 26
+        decode_rates.append([30.0, 10.0, 26.0][len(decode_rates)])
+        return decode_rates[-1]
+
     monkeypatch.setattr(runs, "make_llm", spy)
+    monkeypatch.setattr(runs, "decode_rate", recorded_rate)  # one request alone: its runs' rates
     result = ladder.main(["--model", "tiny", "--workload", "random", "--num-requests", "5", "--max-tokens", "10",
                           "--prompt-range", "4,30", "--max-num-seqs", "4", "--stages", "01,03", "--rounds", "3",
                           "--no-hf", "--no-llama-cpp"])
+    assert len(decode_rates) == 3
+    alone = result["single_request"]
+    assert alone["decode tok/s"] == 26.0 and alone["rounds decode tok/s"] == "30.0 / 10.0 / 26.0"
     names = ["01 static", "03 paged", "03 paged, plain math"]
     assert [name for name, _ in built] == names * 3  # round by round, never one engine three times in a row
     for name in names:

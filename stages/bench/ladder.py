@@ -5,7 +5,8 @@ baseline, the same stage on plain (not batch-invariant) math for the price of in
 request alone against HF at batch 1 and against the read-bandwidth ceiling, and a verdict: does
 every stage beat the one before it? Writes the figures as JSON (--json, default
 bench-<workload>.json) and, with --plot FILE.png, a picture. With --rounds R the stages run R times,
-interleaved, and each keeps its median run (this VM's speed moves by 10-30% from minute to minute).
+interleaved, and each keeps its median run, and one request alone (ours and HF's at batch 1) is timed R
+times, its median kept (this VM's speed moves by 10-30% from minute to minute).
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stages", default="01,02,03,04,05", help="which stages to run, e.g. 01,03")
     ap.add_argument("--in-flight", default=None, help="several max_num_seqs to run the stages at, e.g. 32,64")
     ap.add_argument("--rounds", type=rounds_arg, default=1,
-                    help="run the stages this many times, interleaved, and keep each one's median run")
+                    help="run the stages this many times, interleaved, and keep each one's median run "
+                         "(and the median of as many single-request runs)")
     ap.add_argument("--no-plain", action="store_true", help="skip stage 03 on plain math (the price of invariance)")
     ap.add_argument("--hf-batch-sizes", default="16,32,64", help="left-padded batch sizes HF generate tries")
     ap.add_argument("--no-hf", action="store_true")
@@ -74,7 +76,7 @@ def main(argv=None) -> dict:
                                           ref.config.vocab_size,
                                           system=workloads.SYSTEM_PROMPT if args.system_prompt else None)
     ids = [p if isinstance(p, list) else ref.tokenizer.encode(p) for p in prompts]
-    alone = single_request(ref, ids[0], read_bw)
+    alone = single_request(ref, ids[0], read_bw, rounds=args.rounds)
     del ref
     console.print(f"[bold]ladder:[/] {args.workload}, {len(prompts)} requests, {sum(map(len, ids)):,} prompt tokens, "
                   f"{args.model}, {args.dtype}{f' ({args.quantization} weights)' if args.quantization else ''}, "
@@ -125,8 +127,11 @@ def main(argv=None) -> dict:
     table.add_row("same tokens as first stage", *(("yes" if same[n] else "NO") if n in same else "-" for n in columns))
     console.print(table)
     if not args.no_hf:
-        alone["HF batch 1 decode tok/s"] = hf_single_request(resolve_model(args.model), ids[0], dtype, alone["tokens"])
-    console.print(f"one request alone ({alone['tokens']} tokens): decode {alone['decode tok/s']:.1f} tok/s = "
+        alone["HF batch 1 decode tok/s"] = hf_single_request(resolve_model(args.model), ids[0], dtype, alone["tokens"],
+                                                             args.rounds)
+    runs_note = f", median of {args.rounds} runs: {alone['rounds decode tok/s']}" if args.rounds > 1 else ""
+    console.print(f"one request alone ({alone['tokens']} tokens{runs_note}): "
+                  f"decode {alone['decode tok/s']:.1f} tok/s = "
                   f"{alone['of ceiling']:.0%} of the read-bandwidth ceiling ({alone['ceiling tok/s']:.1f} tok/s = "
                   f"{read_bw / 1e9:.1f} GB/s / {alone['weight MB']:.0f} MB of weights per token)"
                   + (f"; HF generate at batch 1: {alone['HF batch 1 decode tok/s']:.1f} tok/s, so "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from statistics import median_low as median
 
 import torch
 
@@ -45,19 +46,23 @@ def decode_rate(token_times: list[float]) -> float:
     return (len(token_times) - 1) / (token_times[-1] - token_times[0])
 
 
-def single_request(llm, prompt: list[int], read_bandwidth: float, tokens: int = 128) -> dict:
-    """One request alone through the reference: its decode rate against the ceiling of reading every weight
-    once per token at the machine's read bandwidth."""
+def single_request(llm, prompt: list[int], read_bandwidth: float, tokens: int = 128, rounds: int = 1) -> dict:
+    """One request alone through the reference: its decode rate (the median of ``rounds`` runs) against the
+    ceiling of reading every weight once per token at the machine's read bandwidth."""
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm
-    rate = decode_rate(llm.generate([prompt], params)[0].metrics.token_times)
-    ceiling = read_bandwidth / llm.model.weight_bytes
-    return {"tokens": tokens, "decode tok/s": rate, "ceiling tok/s": ceiling, "of ceiling": rate / ceiling,
-            "weight MB": llm.model.weight_bytes / 1e6}
+    rates = [decode_rate(llm.generate([prompt], params)[0].metrics.token_times) for _ in range(rounds)]
+    rate, ceiling = median(rates), read_bandwidth / llm.model.weight_bytes
+    row = {"tokens": tokens, "decode tok/s": rate, "ceiling tok/s": ceiling, "of ceiling": rate / ceiling,
+           "weight MB": llm.model.weight_bytes / 1e6}
+    if rounds > 1:
+        row["rounds decode tok/s"] = " / ".join(f"{r:.1f}" for r in rates)
+    return row
 
 
-def hf_single_request(folder, prompt: list[int], dtype: torch.dtype, tokens: int = 128) -> float:
-    """HF `generate` at batch 1, same prompt and token count: decode tokens per second (timed per token)."""
+def hf_single_request(folder, prompt: list[int], dtype: torch.dtype, tokens: int = 128, rounds: int = 1) -> float:
+    """HF `generate` at batch 1, same prompt and token count: decode tokens per second (timed per token), the
+    median of ``rounds`` runs."""
     from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
@@ -68,9 +73,12 @@ def hf_single_request(folder, prompt: list[int], dtype: torch.dtype, tokens: int
             times.append(time.perf_counter())
             return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
-    ids = torch.tensor([prompt])
+    ids, rates = torch.tensor([prompt]), []
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)  # warm
-        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                       stopping_criteria=StoppingCriteriaList([StepClock()]))
-    return decode_rate(times)
+        for _ in range(rounds):
+            times.clear()
+            model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                           stopping_criteria=StoppingCriteriaList([StepClock()]))
+            rates.append(decode_rate(times))
+    return median(rates)
