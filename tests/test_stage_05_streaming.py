@@ -300,6 +300,27 @@ def test_async_readers_get_one_step_in_one_hand_off(reference):
     assert 0 < hand_offs[0] <= steps[0] < 8 * 6  # one per step; one per token would be 48
 
 
+def test_a_closed_event_loop_stops_its_requests_and_the_engine_serves_on(reference):
+    """An async program that ends without reading its streams leaves them to a closed event loop: their requests
+    are aborted (their blocks return), and the engine keeps serving everyone else."""
+    import asyncio
+    llm = streaming.LLM("tiny", max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+
+    async def submit_and_leave():
+        loop = asyncio.get_running_loop()
+        return [llm.add_request([20 + i, 7], params, loop) for i in range(3)]
+
+    orphans = asyncio.run(submit_and_leave())  # the loop closes with its requests in flight
+    assert wait_until(lambda: all(s.done.is_set() for s in orphans))
+    assert llm.is_alive()
+    short = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    assert llm.generate([[5, 6, 7]], short)[0].token_ids == reference.generate([[5, 6, 7]], short)[0].token_ids
+    assert all(s.seq.finish_reason == "abort" for s in orphans)
+    assert llm.gauges()["running"] == 0 and llm.gauges()["kv_blocks_used"] == 0
+    llm.shutdown()
+
+
 def test_shutdown_waits_for_the_loop_and_a_later_request_starts_a_new_one(reference):
     llm = streaming.LLM("tiny", max_num_seqs=2)
     params = SamplingParams(temperature=0.7, seed=4, max_tokens=8, ignore_eos=True)

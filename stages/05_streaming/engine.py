@@ -66,7 +66,7 @@ class LLM(FrontEnd):
         self._streams: dict[str, RequestStream] = {}  # by request id
         self._by_seq: dict[int, RequestStream] = {}  # by seq_id
         self._wakeup = threading.Event()
-        self._outbox = Outbox()  # async readers' chunks, delivered once per step
+        self._outbox = Outbox(lambda stream: self.abort(stream.request_id))  # async readers' chunks, once a step
         self._stepping = threading.Lock()  # held by whoever steps the engine (a loop holds it while it runs)
         self._start_lock = threading.Lock()  # two async first requests must not start two background loops
         self._thread: threading.Thread | None = None

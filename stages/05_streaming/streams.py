@@ -34,15 +34,14 @@ class RequestStream:
     chunks: queue.Queue = field(default_factory=queue.Queue)
     loop: asyncio.AbstractEventLoop | None = None  # set for async readers (the server)
     async_chunks: asyncio.Queue | None = None
-    outbox: "Outbox | None" = None  # hands async chunks to their loop once per step
+    outbox: "Outbox | None" = None  # the engine's, which hands async readers their chunks
     sent_text: int = 0
     sent_tokens: int = 0
     done: threading.Event = field(default_factory=threading.Event)
 
     def put(self, chunk: StreamChunk) -> None:
         if self.loop is not None:
-            if self.outbox is None or not self.outbox.add(self, chunk):
-                self.loop.call_soon_threadsafe(self.async_chunks.put_nowait, chunk)
+            self.outbox.put(self, chunk)
         else:
             self.chunks.put(chunk)
         if chunk.finish_reason is not None:
@@ -66,9 +65,11 @@ class RequestStream:
 class Outbox:
     """Chunks for asynchronous readers, held while the engine steps and then handed to each event loop in one
     call: one wake-up of the server's loop per step instead of one per streamed token (each wake-up is a write
-    to the loop's self-pipe on this thread and a round of the interpreter lock between the two threads)."""
+    to the loop's self-pipe on this thread and a round of the interpreter lock between the two threads).
+    A reader whose event loop has closed will never read again: ``on_reader_gone`` stops its request."""
 
-    def __init__(self):
+    def __init__(self, on_reader_gone: Callable[[RequestStream], None]):
+        self.on_reader_gone = on_reader_gone
         self.pending: dict[asyncio.AbstractEventLoop, list] | None = None  # None: not holding
 
     @contextmanager
@@ -79,14 +80,22 @@ class Outbox:
         finally:
             pending, self.pending = self.pending, None
             for loop, items in pending.items():
-                loop.call_soon_threadsafe(deliver, items)
+                self.send(loop, items)
 
-    def add(self, stream: RequestStream, chunk: StreamChunk) -> bool:
-        """Hold the chunk for the end of the step; False when not holding (the caller delivers it now)."""
-        if self.pending is None:
-            return False
-        self.pending.setdefault(stream.loop, []).append((stream, chunk))
-        return True
+    def put(self, stream: RequestStream, chunk: StreamChunk) -> None:
+        """Hold the chunk for the end of the step, or hand it over now when no step is running."""
+        if self.pending is not None:
+            self.pending.setdefault(stream.loop, []).append((stream, chunk))
+        else:
+            self.send(stream.loop, [(stream, chunk)])
+
+    def send(self, loop: asyncio.AbstractEventLoop, items: list) -> None:
+        try:
+            loop.call_soon_threadsafe(deliver, items)
+        except RuntimeError:  # the loop is closed (its program ended without reading): nobody reads these
+            for stream, chunk in items:
+                if chunk.finish_reason is None:
+                    self.on_reader_gone(stream)
 
 
 def deliver(items: list) -> None:
