@@ -95,16 +95,6 @@ def check_shape(weight_shape, name: str = "weight") -> None:
                          f"to be a multiple of {GROUP_SIZE} and the output features a multiple of 16")
 
 
-def _packed_byte_of_weight() -> torch.Tensor:
-    """Where linear.cpp's `pack` stores each of 64 packed int8 weights: w = 8 * lane + r at 16 * lane + r, and
-    w = 32 + 8 * lane + r at 16 * lane + 8 + r (the order the kernel's in-lane byte unpacks produce)."""
-    w = torch.arange(64)
-    return torch.where(w < 32, 16 * (w // 8) + w % 8, 16 * ((w - 32) // 8) + 8 + w % 8)
-
-
-PACKED_BYTE_OF_WEIGHT = _packed_byte_of_weight()
-
-
 class Int8Linear(QuantizedLinear):
     """Per-output-channel int8. On a CPU with AMX, our kernel (``common/native/linear.cpp``) widens each block of
     weights to bfloat16 (exact: 7 significant bits) and multiplies on the tiles like the bfloat16 linear;
@@ -137,11 +127,12 @@ class Int8Linear(QuantizedLinear):
         """The int8 weights of the given output rows (token ids, for the embedding lookup)."""
         if self._qweight is not None:
             return self._qweight[ids]
-        # The packed copy (linear.cpp's `pack`): blocks [out / 16][in / 4][64 bytes], each 64 bytes 2 input pairs
-        # x 16 outputs x 2 in an unpack-friendly order, every weight in sign and magnitude.
-        n = ids.shape[0]
-        blocks = self.amx.view(torch.uint8).view(self.amx.shape[0], -1, 64)[ids // 16][..., PACKED_BYTE_OF_WEIGHT]
-        sign_magnitude = blocks.view(n, -1, 2, 16, 2)[torch.arange(n), :, :, ids % 16].reshape(n, -1)
+        # The packed copy (linear.cpp's `pack`): blocks of 16 outputs, [in / 4] groups of 64 bytes, each group
+        # two input pairs for every output, in sign and magnitude. Output o's pairs are the 16-bit words
+        # [lane o // 4][half 0 and 1][o % 4] of the group (byte 16 * lane + 8 * half + 2 * (o % 4)).
+        words = self.amx.view(torch.int16).view(self.amx.shape[0], -1, 4, 2, 4)
+        picked = words[ids // 16, :, ids % 16 // 4, :, ids % 4]  # [ids, in / 4, 2 halves]
+        sign_magnitude = picked.contiguous().view(torch.uint8).view(ids.shape[0], -1)
         magnitude = (sign_magnitude & 0x7F).to(torch.int8)
         return torch.where(sign_magnitude >= 0x80, -magnitude, magnitude)[:, :self.in_features]
 
