@@ -185,9 +185,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_chunks, const at::
       for (int64_t task = begin; task < end; ++task) {
         const int64_t t = task / num_kv_heads, h = task % num_kv_heads;
         if (task + 1 < end) {  // the next task's first keys and values, on their way while this task runs
-          const int64_t next_seq = seq_p[(task + 1) / num_kv_heads], next_head = (task + 1) % num_kv_heads;
-          const int64_t first = (table_p[next_seq * width] + next_head * head_stride) * chunk_len * d;
-          const int64_t n = std::min<int64_t>({pos_p[(task + 1) / num_kv_heads] + 1, chunk_len, PREFETCH_KEYS});
+          const int64_t next_token = (task + 1) / num_kv_heads, next_head = (task + 1) % num_kv_heads;
+          const int64_t first = (table_p[seq_p[next_token] * width] + next_head * head_stride) * chunk_len * d;
+          const int64_t n = std::min<int64_t>({pos_p[next_token] + 1, chunk_len, PREFETCH_KEYS});
           for (int64_t j = 0; j < n; ++j) {
             prefetch_row(k_p + first + j * d, d);
             prefetch_row(v_p + first + j * d, d);
