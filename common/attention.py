@@ -173,8 +173,8 @@ def attention(q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor,
         return meta.plain.attention(q, k_chunks, v_chunks)
     if meta.native is not None:
         t = meta.native
-        return torch.ops.stepwise.attention(q, k_chunks, v_chunks, t.token_seq, t.token_pos, t.chunk_table,
-                                            t.num_kv_heads, t.head_stride)
+        return native.kernels().attention(q, k_chunks, v_chunks, t.token_seq, t.token_pos, t.chunk_table,
+                                          t.num_kv_heads, t.head_stride)
     tokens, heads, d = q.shape
     q_flat = q.reshape(tokens * heads, d).float()  # scores are computed in float32
     k_flat, v_flat = k_chunks.reshape(-1, k_chunks.shape[1] * d), v_chunks.reshape(-1, v_chunks.shape[1] * d)

@@ -85,7 +85,8 @@ class Linear(RowTiled):
         if not uses_packed_bf16(weight.device, weight.dtype):
             self.weight_t = weight.t().contiguous()
         elif not plain and native.amx_linear_ready():
-            self.amx = torch.ops.stepwise_linear.pack(weight.contiguous())
+            self.amx_kernels = native.kernels(native.LINEAR_SOURCE)
+            self.amx = self.amx_kernels.pack(weight.contiguous())
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
 
@@ -98,7 +99,7 @@ class Linear(RowTiled):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """One kernel call on all of x's rows."""
         if self.amx is not None:
-            return torch.ops.stepwise_linear.linear(x, self.amx, None, self.out_features)
+            return self.amx_kernels.linear(x, self.amx, None, self.out_features)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return torch.mm(x, self.weight_t)

@@ -110,7 +110,8 @@ class Int8Linear(QuantizedLinear):
         # Rounded against the scale as stored, so q * scale is the weight the kernel sees.
         q = torch.round(w / self.scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.nbytes = q.numel() + self.scales.numel() * self.scales.element_size()
-        self.amx = None if plain or not native.amx_linear_ready() else torch.ops.stepwise_linear.pack(q)
+        self.amx_kernels = None if plain or not native.amx_linear_ready() else native.kernels(native.LINEAR_SOURCE)
+        self.amx = None if self.amx_kernels is None else self.amx_kernels.pack(q)
         self._qweight = q if self.amx is None else None  # the AMX kernel keeps only its packed copy
         self._scales_f32 = self.scales.float()
 
@@ -138,7 +139,7 @@ class Int8Linear(QuantizedLinear):
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.amx is not None:
-            return torch.ops.stepwise_linear.linear(x, self.amx, self._scales_f32, self.out_features)
+            return self.amx_kernels.linear(x, self.amx, self._scales_f32, self.out_features)
         if x.data_ptr() % 64:  # torch's int8 kernel reads rows with aligned vector loads
             x = x.clone()
         return torch._weight_int8pack_mm(x, self._qweight, self.scales)

@@ -72,8 +72,8 @@ def test_plain_math_keeps_torchs_own_linears():
 def test_bad_shapes_fail_clearly():
     linear = Linear(torch.randn(48, 64).bfloat16())
     with pytest.raises(RuntimeError, match="does not fit"):
-        torch.ops.stepwise_linear.linear(torch.randn(2, 128).bfloat16(), linear.amx, None, 48)
+        native.kernels(native.LINEAR_SOURCE).linear(torch.randn(2, 128).bfloat16(), linear.amx, None, 48)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        torch.ops.stepwise_linear.linear(torch.randn(2, 64), linear.amx, None, 48)
+        native.kernels(native.LINEAR_SOURCE).linear(torch.randn(2, 64), linear.amx, None, 48)
     with pytest.raises(RuntimeError, match="-127..127"):  # -128 has no sign-and-magnitude byte
-        torch.ops.stepwise_linear.pack(torch.full((16, 32), -128, dtype=torch.int8))
+        native.kernels(native.LINEAR_SOURCE).pack(torch.full((16, 32), -128, dtype=torch.int8))

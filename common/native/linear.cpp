@@ -17,7 +17,7 @@
 // Built with -march=native: where the compiler or the CPU lacks AMX-BF16, `ready()` is
 // false and the caller keeps torch's linear. Linux also asks each process to request the
 // AMX tile state (arch_prctl) before its first use; `ready()` does that once.
-#include <torch/library.h>
+#include <torch/csrc/utils/pybind.h>  // tensors to and from Python
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -264,13 +264,10 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
 
 }  // namespace
 
-TORCH_LIBRARY(stepwise_linear, m) {
-  m.def("ready() -> bool", &ready);  // no tensor argument: one kernel for every backend
-  m.def("pack(Tensor weight) -> Tensor");
-  m.def("linear(Tensor x, Tensor packed, Tensor? scales, int n) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(stepwise_linear, CPU, m) {
-  m.impl("pack", pack);
-  m.impl("linear", linear);
+// Bound as Python functions (common/native: about 1 µs a call, against 3 through torch.ops' dispatcher);
+// each lets go of the interpreter lock while it runs.
+PYBIND11_MODULE(STEPWISE_MODULE, m) {
+  m.def("ready", &ready);
+  m.def("pack", &pack);
+  m.def("linear", &linear, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

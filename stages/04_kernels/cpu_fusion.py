@@ -41,6 +41,7 @@ class FusedCPU:
         start = time.perf_counter()
         if not native.load(SOURCE):
             raise RuntimeError(f"the fused CPU kernels {native.build_note(SOURCE)}")
+        self.kernels = native.kernels(SOURCE)
         self.silu_table = silu_table(dtype) if dtype in (torch.bfloat16, torch.float16) else None
         self.compile_seconds = time.perf_counter() - start
         self.cached = native.build_note(SOURCE) == "cached build"
@@ -52,12 +53,12 @@ class FusedCPU:
         return f"{3 if self.silu_table is None else 4} C++ kernels, {native.build_note(SOURCE)}"
 
     def add_rms_norm(self, x, residual, weight):
-        return self._call("add_rms_norm", torch.ops.stepwise_fused.add_rms_norm, x, residual, weight,
+        return self._call("add_rms_norm", self.kernels.add_rms_norm, x, residual, weight,
                           self.config.rms_norm_eps)
 
     def rope_qkv(self, qkv, cos, sin):
         c = self.config
-        qk = self._call("rope_qk", torch.ops.stepwise_fused.rope_qk, qkv, cos, sin, c.num_attention_heads,
+        qk = self._call("rope_qk", self.kernels.rope_qk, qkv, cos, sin, c.num_attention_heads,
                         c.num_key_value_heads)[0]
         q_and_k = (c.num_attention_heads + c.num_key_value_heads) * c.head_dim
         return (qk[:, :c.num_attention_heads], qk[:, c.num_attention_heads:],
@@ -66,7 +67,7 @@ class FusedCPU:
     def rope_qk_store(self, qkv, cos, sin, k_rows, v_rows, write_rows):
         """q rotated; k rotated and v copied into the cache rows ``write_rows`` (RoPE and the KV write fused)."""
         c = self.config
-        kernel = torch.ops.stepwise_fused.rope_qk_store
+        kernel = self.kernels.rope_qk_store
         self.calls += 1
         q = kernel(qkv, cos, sin, c.num_attention_heads, c.num_key_value_heads, k_rows, v_rows, write_rows)
         if self.counter is not None:  # reads qkv, the tables and the rows; writes q, and k and v into the cache
@@ -77,7 +78,7 @@ class FusedCPU:
     def swiglu(self, gate_up):
         if self.silu_table is None:
             return ops.swiglu(gate_up)
-        return self._call("swiglu", torch.ops.stepwise_fused.swiglu, gate_up, self.silu_table)[0]
+        return self._call("swiglu", self.kernels.swiglu, gate_up, self.silu_table)[0]
 
     def _call(self, name: str, kernel, *inputs) -> tuple[torch.Tensor, ...]:
         self.calls += 1

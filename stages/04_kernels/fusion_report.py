@@ -8,6 +8,7 @@ memory traffic the step would cost if nothing stayed in cache.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import time
 from collections import Counter
@@ -15,10 +16,13 @@ from collections import Counter
 import torch
 from rich.console import Console
 from rich.table import Table
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from common import native
 from common.tools import workloads
 from common.sampling import SamplingParams
+
+from .cpu_fusion import SOURCE as FUSED_SOURCE
 
 VIEWS = {"view", "_unsafe_view", "as_strided", "slice", "select", "unsqueeze", "squeeze", "expand", "t", "transpose",
          "permute", "alias", "detach", "_reshape_alias", "unbind", "split", "chunk", "narrow", "split_with_sizes",
@@ -50,18 +54,41 @@ class StepCounter(TorchDispatchMode):
         self.by_op[name] += 1
         self.bytes_by_op[name] += moved
 
+    # The compiled kernels (common.native) are bound to Python directly, out of the dispatcher's sight: while
+    # counting, each is wrapped so that it counts as one operation and its own allocations inside go unseen.
+    def __enter__(self):
+        self.restore = []
+        for source in (native.SOURCE, native.LINEAR_SOURCE, FUSED_SOURCE):
+            module = native.loaded(source)
+            for name in dir(module) if module is not None else ():
+                kernel = getattr(module, name)
+                if callable(kernel) and not name.startswith("_") and name not in ("ready", "pack"):
+                    setattr(module, name, functools.partial(self.kernel_call, name, kernel))
+                    self.restore.append((module, name, kernel))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for module, name, kernel in self.restore:
+            setattr(module, name, kernel)
+        return super().__exit__(*exc)
+
+    def kernel_call(self, name, kernel, *args):
+        with _disable_current_modes():
+            out = kernel(*args)
+            if name == "attention":  # reads its sequences' keys and values, not the whole pool
+                q, k_chunks, _, token_seq, token_pos, _, kv_heads, _ = args
+                context = torch.zeros(int(token_seq.max()) + 1, dtype=torch.long).scatter_reduce(
+                    0, token_seq, token_pos + 1, "amax")
+                read = 2 * int(context.sum()) * kv_heads * q.shape[-1] * k_chunks.element_size()
+                self.record(name, [q, token_seq, token_pos, torch.empty(read, dtype=torch.uint8)], out)
+            elif name == "linear":
+                self.record(name, args[:3], out)
+            # the fused kernels are counted by FusedCPU itself, as "fused <name>"
+        return out
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.namespace == "stepwise_fused":
-            return out  # the fused kernels are counted by FusedCPU itself, as "fused <name>"
         name = func.overloadpacket.__name__
-        if func.namespace == "stepwise":  # the compiled attention reads its sequences' keys, not the whole pool
-            q, k_chunks, _, token_seq, token_pos, _, kv_heads, _ = args
-            context = torch.zeros(int(token_seq.max()) + 1, dtype=torch.long).scatter_reduce(
-                0, token_seq, token_pos + 1, "amax")
-            read = 2 * int(context.sum()) * kv_heads * q.shape[-1] * k_chunks.element_size()
-            self.record(name, [q, token_seq, token_pos, torch.empty(read, dtype=torch.uint8)], out)
-            return out
         if name in GATHERS:  # reads the gathered rows (not the whole source) and writes them
             indices = [a for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point()]
             self.record(name, [out] + indices, out)
