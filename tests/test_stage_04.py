@@ -122,6 +122,24 @@ def test_a_decode_step_runs_the_same_tensor_operations_at_any_context_length(nat
         assert short["by_op"]["bmm"] == 2 * layers
 
 
+
+def test_the_fusion_count_sees_each_compiled_kernel_call_once():
+    """The compiled kernels are bound to Python outside the dispatcher's sight: the counter must still count each
+    call as one operation, and never the allocations a kernel makes inside or the counter's own bookkeeping."""
+    from common import native
+    fused_source = importlib.import_module("stages.04_kernels.cpu_fusion").SOURCE
+    if not native.load(fused_source):
+        pytest.skip(f"the fused CPU kernels {native.build_note(fused_source)}")
+    report = importlib.import_module("stages.04_kernels.fusion_report")
+    counts = report.decode_step_counts("stages.04_kernels", 4, 20, model="tiny")
+    by_op, layers = counts["by_op"], ReferenceLLM("tiny").config.num_hidden_layers
+    assert not {"empty", "empty_like", "empty_strided", "zeros"} & set(by_op), by_op
+    assert by_op["fused rope_qk_store"] == by_op["fused swiglu"] == layers
+    if native.load():
+        assert by_op["attention"] == layers
+    if native.amx_linear_ready():  # q/k/v, o, gate/up, down per layer, and the LM head
+        assert by_op["linear"] == 4 * layers + 1
+
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 70), hidden=st.sampled_from([192, 576]), dtype=st.sampled_from(["bfloat16", "float32"]),
        scale=st.sampled_from([1e-3, 1.0, 60.0]), heads=st.sampled_from([(9, 3), (6, 2), (4, 4)]),

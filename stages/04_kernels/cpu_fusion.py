@@ -71,8 +71,8 @@ class FusedCPU:
         self.calls += 1
         q = kernel(qkv, cos, sin, c.num_attention_heads, c.num_key_value_heads, k_rows, v_rows, write_rows)
         if self.counter is not None:  # reads qkv, the tables and the rows; writes q, and k and v into the cache
-            kv_written = torch.empty(2 * write_rows.numel() * c.head_dim, dtype=qkv.dtype)
-            self.counter.record("fused rope_qk_store", [qkv, cos, sin, write_rows], [q, kv_written])
+            self.counter.record("fused rope_qk_store", [qkv, cos, sin, write_rows], q,
+                                extra_bytes=2 * write_rows.numel() * c.head_dim * qkv.element_size())
         return q
 
     def swiglu(self, gate_up):

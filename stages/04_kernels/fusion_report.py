@@ -47,9 +47,10 @@ class StepCounter(TorchDispatchMode):
         super().__init__()
         self.ops, self.bytes, self.by_op, self.bytes_by_op = 0, 0, Counter(), Counter()
 
-    def record(self, name: str, inputs, outputs) -> None:
+    def record(self, name: str, inputs, outputs, extra_bytes: int = 0) -> None:
+        """One operation reading ``inputs`` and writing ``outputs``, plus ``extra_bytes`` no tensor stands for."""
         self.ops += 1
-        moved = nbytes(inputs) + nbytes(outputs)
+        moved = nbytes(inputs) + nbytes(outputs) + extra_bytes
         self.bytes += moved
         self.by_op[name] += 1
         self.bytes_by_op[name] += moved
@@ -80,7 +81,7 @@ class StepCounter(TorchDispatchMode):
                 context = torch.zeros(int(token_seq.max()) + 1, dtype=torch.long).scatter_reduce(
                     0, token_seq, token_pos + 1, "amax")
                 read = 2 * int(context.sum()) * kv_heads * q.shape[-1] * k_chunks.element_size()
-                self.record(name, [q, token_seq, token_pos, torch.empty(read, dtype=torch.uint8)], out)
+                self.record(name, [q, token_seq, token_pos], out, extra_bytes=read)
             elif name == "linear":
                 self.record(name, args[:3], out)
             # the fused kernels are counted by FusedCPU itself, as "fused <name>"
