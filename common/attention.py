@@ -37,6 +37,7 @@ matrix-vector path, with other bits, at one or two rows.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -172,9 +173,7 @@ def attention(q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor,
     if meta.plain is not None:
         return meta.plain.attention(q, k_chunks, v_chunks)
     if meta.native is not None:
-        t = meta.native
-        return native.kernels().attention(q, k_chunks, v_chunks, t.token_seq, t.token_pos, t.chunk_table,
-                                          t.num_kv_heads, t.head_stride)
+        return meta.native.attention(q, k_chunks, v_chunks)
     tokens, heads, d = q.shape
     q_flat = q.reshape(tokens * heads, d).float()  # scores are computed in float32
     k_flat, v_flat = k_chunks.reshape(-1, k_chunks.shape[1] * d), v_chunks.reshape(-1, v_chunks.shape[1] * d)
@@ -225,6 +224,7 @@ class NativeTable:
     chunk_table: torch.Tensor  # [seqs, width]
     num_kv_heads: int
     head_stride: int
+    kernel: Callable  # common/native's attention, looked up once a step rather than once a layer
 
     @classmethod
     def build(cls, query_lens, context_lens, num_kv_heads, chunk_table, head_stride, device) -> "NativeTable":
@@ -232,7 +232,11 @@ class NativeTable:
         seq = np.repeat(np.arange(n.size), n)
         pos = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(ctx - n, n)
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
-        return cls(t(seq), t(pos), t(chunk_table), num_kv_heads, head_stride)
+        return cls(t(seq), t(pos), t(chunk_table), num_kv_heads, head_stride, native.kernels().attention)
+
+    def attention(self, q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor) -> torch.Tensor:
+        return self.kernel(q, k_chunks, v_chunks, self.token_seq, self.token_pos, self.chunk_table,
+                           self.num_kv_heads, self.head_stride)
 
 
 @dataclass

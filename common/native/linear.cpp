@@ -264,8 +264,7 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
 
 }  // namespace
 
-// Bound as Python functions (common/native: about 1 µs a call, against 3 through torch.ops' dispatcher);
-// each lets go of the interpreter lock while it runs.
+// Python functions, not torch.ops operators (common/native says why); kernels let go of the interpreter lock.
 PYBIND11_MODULE(STEPWISE_MODULE, m) {
   m.def("ready", &ready);
   m.def("pack", &pack);

@@ -166,8 +166,7 @@ at::Tensor swiglu(const at::Tensor& gate_up, const at::Tensor& silu_table) {
 
 }  // namespace
 
-// Bound as Python functions (common/native: about 1 µs a call, against 3 through torch.ops' dispatcher);
-// each lets go of the interpreter lock while it runs.
+// Python functions, not torch.ops operators (common/native says why); kernels let go of the interpreter lock.
 PYBIND11_MODULE(STEPWISE_MODULE, m) {
   m.def("add_rms_norm", &add_rms_norm, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("rope_qk", &rope_qk, pybind11::call_guard<pybind11::gil_scoped_release>());
