@@ -22,7 +22,9 @@ head table becomes int8 per row in both modes (the GGUF holds it at 8 bits too, 
 which the int4 kernel cannot hold); the embedding lookup dequantizes the rows it reads
 from that same table. Norms stay in the model dtype.
 
-Kernels: int4 runs on torch's (``torch._weight_int4pack_mm_for_cpu``). int8 on a CPU with
+Kernels on CUDA: Triton kernels that widen the weights in registers (``common.quant_cuda``), int4
+on the GGUF's own bytes with its fp16 ``d`` and ``m`` unrounded. Kernels on CPU: int4 runs on
+torch's (``torch._weight_int4pack_mm_for_cpu``). int8 on a CPU with
 Intel AMX runs on our own (``common/native/linear.cpp``): the weights are widened to bfloat16
 (exactly) a tile at a time and multiplied like the bfloat16 linear, then scaled per output;
 elsewhere, and in plain mode, on ``torch._weight_int8pack_mm``. At SmolLM2's shapes on the
@@ -61,10 +63,22 @@ def parse_quantization(quantization: str | None, dtype: torch.dtype, device: tor
     if dtype != torch.bfloat16:
         raise ValueError(f"quantization={quantization!r} computes in bfloat16 (the kernels' fast path): "
                          f"pass dtype='bfloat16', not {dtype}")
-    if device.type != "cpu":
-        raise ValueError(f"quantization={quantization!r} runs on CPU (torch's packed CPU kernels); "
-                         f"device={device.type!r} has no quantized path here yet")
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            raise ValueError(f"quantization={quantization!r} on CUDA runs Triton kernels: pip install triton") from None
+    elif device.type != "cpu":
+        raise ValueError(f"quantization={quantization!r} runs on CPU or CUDA, not on device={device.type!r}")
     return quantization
+
+
+def cuda_kernels(device: torch.device | str | None):
+    """common.quant_cuda's Triton kernels for weights on a CUDA device, else None (imported only when needed)."""
+    if device is None or torch.device(device).type != "cuda":
+        return None
+    from common import quant_cuda
+    return quant_cuda
 
 
 class QuantizedLinear(RowTiled):
@@ -98,9 +112,10 @@ def check_shape(weight_shape, name: str = "weight") -> None:
 class Int8Linear(QuantizedLinear):
     """Per-output-channel int8. On a CPU with AMX, our kernel (``common/native/linear.cpp``) widens each block of
     weights to bfloat16 (exact: 7 significant bits) and multiplies on the tiles like the bfloat16 linear;
-    elsewhere, or in plain mode, ``torch._weight_int8pack_mm``."""
+    on CUDA, ``common.quant_cuda``'s Triton kernel; elsewhere, or in plain mode, ``torch._weight_int8pack_mm``."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16, plain: bool = False):
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16, plain: bool = False,
+                 device: torch.device | str | None = None):
         check_shape(weight.shape)
         self.out_features, self.in_features = weight.shape
         self.plain = plain
@@ -110,13 +125,19 @@ class Int8Linear(QuantizedLinear):
         # Rounded against the scale as stored, so q * scale is the weight the kernel sees.
         q = torch.round(w / self.scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.nbytes = q.numel() + self.scales.numel() * self.scales.element_size()
-        self.amx_kernels = None if plain or not native.amx_linear_ready() else native.kernels(native.LINEAR_SOURCE)
+        device = torch.device(device or "cpu")
+        self.triton = cuda_kernels(device)  # on CUDA, plain mode too: the kernel keeps rows apart anyway
+        use_amx = self.triton is None and not plain and native.amx_linear_ready()
+        self.amx_kernels = native.kernels(native.LINEAR_SOURCE) if use_amx else None
         self.amx = None if self.amx_kernels is None else self.amx_kernels.pack(q)
-        self._qweight = q if self.amx is None else None  # the AMX kernel keeps only its packed copy
+        self._qweight = q.to(device) if self.amx is None else None  # the AMX kernel keeps only its packed copy
+        self.scales = self.scales.to(device)
         self._scales_f32 = self.scales.float()
 
     @property
     def backend(self) -> str:
+        if self.triton is not None:
+            return "Triton Int8 kernel (stepwise)"
         return "AMX Int8 kernel (stepwise)" if self.amx is not None else "torch Int8 kernel"
 
     @property
@@ -140,6 +161,8 @@ class Int8Linear(QuantizedLinear):
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.amx is not None:
             return self.amx_kernels.linear(x, self.amx, self._scales_f32, self.out_features)
+        if self.triton is not None:
+            return self.triton.int8_linear(x, self._qweight, self._scales_f32)
         if x.data_ptr() % 64:  # torch's int8 kernel reads rows with aligned vector loads
             x = x.clone()
         return torch._weight_int8pack_mm(x, self._qweight, self.scales)
@@ -181,11 +204,18 @@ def q4_1_quantize(weight: torch.Tensor) -> np.ndarray:
 
 
 class Int4Linear(QuantizedLinear):
-    def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str | None = None):
         """codes [out, in] in 0..15; d, m [out, in / 32]: the weight is d * q + m group by group."""
         check_shape(codes.shape)
         self.out_features, self.in_features = codes.shape
         self.group_size = self.in_features // d.shape[1]
+        self.triton = cuda_kernels(device)
+        if self.triton is not None:  # the GGUF's bytes and its fp16 d and m, as they are
+            self.nibbles = self.triton.q4_1_nibbles(codes).to(device)
+            self.d, self.m = (torch.from_numpy(t.astype(np.float16)).to(device) for t in (d, m))
+            self.nbytes = self.nibbles.numel() + 2 * self.d.numel() * self.d.element_size()
+            return
         scale = torch.from_numpy(d.astype(np.float32))
         zero = torch.from_numpy(m.astype(np.float32)) + 8 * scale  # (q - 8) * d + (m + 8 d) = d * q + m
         # [groups, out, 2]: the layout the kernel reads
@@ -195,16 +225,28 @@ class Int4Linear(QuantizedLinear):
         self.nbytes = self.packed.numel() + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
 
     @classmethod
-    def from_q4_1(cls, blocks: np.ndarray, dtype: torch.dtype = torch.bfloat16) -> "Int4Linear":
-        return cls(*q4_1_groups(blocks), dtype=dtype)
+    def from_q4_1(cls, blocks: np.ndarray, dtype: torch.dtype = torch.bfloat16,
+                  device: torch.device | str | None = None) -> "Int4Linear":
+        return cls(*q4_1_groups(blocks), dtype=dtype, device=device)
+
+    @property
+    def backend(self) -> str:
+        return "Triton Int4 kernel (stepwise)" if self.triton is not None else "torch Int4 kernel"
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        if self.triton is not None:
+            return self.triton.int4_linear(x, self.nibbles, self.d, self.m)
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
 
     def dequantized(self, columns: int | None = None) -> torch.Tensor:
         """The weights [out, columns or in] as the kernel reads them: fed rows of the identity in float32, it
         returns one weight per output, (q - 8) * scale + zero, unpacked from the packed layout the bfloat16
-        path reads (float32 takes torch's scalar path: slow, for tests)."""
+        path reads (float32 takes torch's scalar path: slow, for tests). On CUDA: d * q + m from the GGUF's bytes."""
+        if self.triton is not None:
+            b = self.nibbles.view(self.out_features, -1, 16)
+            q = torch.stack([b & 0xF, b >> 4], 2).view(self.out_features, -1, GROUP_SIZE).float()
+            w = q * self.d.float()[..., None] + self.m.float()[..., None]
+            return w.view(self.out_features, -1)[:, :columns]
         eye = torch.eye(self.in_features)[:columns]
         return torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales_and_zeros.float()).t()
 
@@ -234,7 +276,7 @@ class LinearFactory:
     def table(self, name: str) -> Int8Linear:
         """A token table (embedding or LM head) in int8, built once: a tied head and the lookup share it."""
         if name not in self.built:
-            self.built[name] = Int8Linear(self.weights[name], self.dtype, self.plain)
+            self.built[name] = Int8Linear(self.weights[name], self.dtype, self.plain, self.device)
         return self.built[name]
 
     def lm_head(self, tied: bool):
@@ -248,8 +290,8 @@ class LinearFactory:
             weight = torch.cat([self.dense(n) for n in names]) if len(names) > 1 else self.dense(names[0])
             return Linear(weight, self.plain)
         if self.quantization == "int8":
-            return Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype, self.plain)
-        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype)
+            return Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype, self.plain, self.device)
+        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype, self.device)
 
     def q4_1_blocks(self, name: str) -> np.ndarray:
         """The GGUF's own Q4_1 blocks when the checkpoint keeps them, else the dense weight quantized like them."""

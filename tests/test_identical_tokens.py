@@ -112,17 +112,18 @@ def test_every_stage_gives_the_reference_tokens_quantized(quantized_reference, w
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device: the GPU path is checked where "
                     "one is present (python -m stages.04_kernels --gpu-check runs this test too)")
+@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
 @pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2-135m", marks=pytest.mark.real_model)])
-def test_every_stage_on_cuda_gives_the_same_tokens(model):
+def test_every_stage_on_cuda_gives_the_same_tokens(model, quantization):
     """On CUDA (device='auto' picks it) every stage, stage 04's Triton kernels included, gives the reference's
-    tokens: chunked prefill, preemption and a shared prefix in the mix."""
-    ref = ReferenceLLM(model, dtype="bfloat16", device="cuda")
+    tokens: chunked prefill, preemption and a shared prefix in the mix; quantized, on common.quant_cuda's kernels."""
+    ref = ReferenceLLM(model, dtype="bfloat16", device="cuda", quantization=quantization)
     prompts = [list(range(3 + i, 40 + 7 * i)) for i in range(6)] + [list(range(3, 40))]
     params = [SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=24, ignore_eos=True) for i in range(7)]
     expected = [e.token_ids for e in ref.generate(prompts, params)]
     knobs = {"max_num_seqs": 3, "block_size": 16, "spare_blocks": 2, "token_budget": 20, "enable_prefix_caching": True}
     for stage in STAGES:
-        llm = build(stage, model, "bfloat16", knobs, prompts, params)
-        assert llm.device.type == "cuda"
+        llm = build(stage, model, "bfloat16", knobs, prompts, params, quantization)
+        assert llm.device.type == "cuda" and llm.quantization == quantization
         got = run_in_order(llm, prompts, params, list(reversed(range(7))))
         assert [g.token_ids for g in got] == expected, stage

@@ -143,7 +143,8 @@ def test_compile_for_sm90_without_a_gpu():
     out = subprocess.run([sys.executable, "-m", "stages.04_kernels.compile_check"], cwd=root, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    for name in ["add_rms_norm", "rope", "swiglu", "store_kv", "paged_decode_split", "paged_decode_merge"]:
+    for name in ["add_rms_norm", "rope", "swiglu", "store_kv", "paged_decode_split", "paged_decode_merge",
+                 "int8_linear", "int4_linear"]:
         assert f"{name}: " in out.stdout and "bytes of sm_90 cubin" in out.stdout
 
 
