@@ -27,6 +27,23 @@ def test_only_stages_that_ran_are_compared():
     assert verdict.verdict({"01 static": r["01 static"]}) == (True, "one stage ran: nothing to climb")
 
 
+def test_steps_against_rows_bounds_what_continuous_batching_can_give():
+    """time = steps x a + rows x b for both stages (the same rows): the speedup stays under the step ratio and
+    reaches it only as b goes to 0."""
+    rows_total, s1, s2 = 13_662, 512, 338
+    for a, b in [(0.014, 0.0008), (0.014, 0.0), (0.030, 0.0001)]:
+        r = {name: {"prompt tokens": 5_577, "output tokens": rows_total - 5_577, "steps": s,
+                    "output tok/s": (rows_total - 5_577) / (s * a + rows_total * b)}
+             for name, s in [("01 static", s1), ("02 continuous", s2)]}
+        text = verdict.steps_against_rows(r)
+        speedup = (s1 * a + rows_total * b) / (s2 * a + rows_total * b)
+        assert f"02 / 01 = {speedup:.2f}x" in text and "1.51x fewer steps (512 vs 338)" in text
+        assert speedup <= s1 / s2 + 1e-12 and (b > 0 or f"{speedup:.2f}" == "1.51")
+    r["02 continuous"]["output tokens"] += 1  # not the same rows: no comparison
+    assert verdict.steps_against_rows(r) is None
+    assert verdict.steps_against_rows({"01 static": r["01 static"]}) is None
+
+
 def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "ladder.png"
     verdict.plot({**rows(100, 130, 140, 161, 161), "HF generate (batch 64)": {"output tok/s": 120.0}}, str(path), "t")

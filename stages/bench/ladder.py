@@ -82,7 +82,7 @@ def main(argv=None) -> dict:
                   f"{args.model}, {args.dtype}{f' ({args.quantization} weights)' if args.quantization else ''}, "
                   f"{args.device}, {os.cpu_count()} CPUs, read bandwidth {read_bw / 1e9:.1f} GB/s (copy "
                   f"{copy_bw / 1e9:.1f}), matmul {flops / 1e9:,.0f} GFLOP/s")
-    rows, verdicts, plain_ratio = {}, {}, {}
+    rows, verdicts, plain_ratio, steps_notes = {}, {}, {}, {}
     in_flight = [int(n) for n in (args.in_flight or str(args.max_num_seqs)).split(",")]
     for n in in_flight:
         suffix = f" @{n}" if len(in_flight) > 1 else ""
@@ -101,6 +101,7 @@ def main(argv=None) -> dict:
                               f"{runs[name][-1]['output tok/s']:.1f} output tok/s")
         ran = {name: median_run(name_runs) for name, name_runs in runs.items()}
         verdicts[n] = verdict.verdict({k: v for k, v in ran.items() if "plain" not in k})
+        steps_notes[n] = verdict.steps_against_rows(ran)
         if "03 paged, plain math" in ran:
             plain_ratio[n] = ran["03 paged"]["output tok/s"] / ran["03 paged, plain math"]["output tok/s"]
         rows.update({name + suffix: r for name, r in ran.items()})
@@ -141,6 +142,9 @@ def main(argv=None) -> dict:
                       f"plain-math speed (python -m stages.bench.invariance shows what plain math changes)")
     for n, (ok, text) in verdicts.items():
         console.print(f"[{'green' if ok else 'red'}]verdict at {n} in flight:[/] {text}")
+    for n, text in steps_notes.items():
+        if text:
+            console.print(f"steps against rows at {n} in flight: {text}")
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
     result = {"workload": args.workload, "requests": len(prompts), "dtype": args.dtype,
@@ -148,6 +152,7 @@ def main(argv=None) -> dict:
               "read_bandwidth_bytes_per_s": read_bw, "copy_bandwidth_bytes_per_s": copy_bw, "matmul_flops": flops,
               "date": time.strftime("%F"), "engines": columns, "same_tokens": same, "single_request": alone,
               "invariant_over_plain": plain_ratio, "verdicts": {n: v for n, (_, v) in verdicts.items()},
+              "steps_against_rows": steps_notes,
               "climbs": all(ok for ok, _ in verdicts.values()), "notes": notes, "argv": argv}
     path = args.json or f"bench-{args.workload}.json"
     with open(path, "w") as f:

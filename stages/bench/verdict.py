@@ -22,6 +22,26 @@ def verdict(rows: dict[str, dict]) -> tuple[bool, str]:
     return True, f"every stage is at least as fast as the one before it ({text})"
 
 
+def steps_against_rows(rows: dict[str, dict]) -> str | None:
+    """What stage 02's fewer steps can be worth, from stages 01 and 02 of one run.
+
+    Both compute the same rows (each prompt token and each output token once), stage 02 in fewer steps. A
+    step's time is a part every step pays whatever it holds (reading every weight, launching the work) plus
+    a part per row (its arithmetic, its attention), and fewer steps save only the first: steps_01 / steps_02
+    is the most 02 / 01 can reach, and only where a row costs nothing. None without both stages, or if they
+    differ in rows."""
+    static, continuous = rows.get("01 static"), rows.get("02 continuous")
+    if static is None or continuous is None:
+        return None
+    n = static["prompt tokens"] + static["output tokens"]
+    if n != continuous["prompt tokens"] + continuous["output tokens"]:
+        return None
+    s1, s2 = static["steps"], continuous["steps"]
+    return (f"02 / 01 = {continuous['output tok/s'] / static['output tok/s']:.2f}x; stage 02 takes "
+            f"{s1 / s2:.2f}x fewer steps ({s1:,} vs {s2:,}) for the same {n:,} rows; with a fixed cost per step and "
+            f"one per row, {s1 / s2:.2f}x is the most fewer steps can give")
+
+
 def plot(rows: dict[str, dict], path: str, title: str) -> None:
     """Output tok/s, TTFT p50 and TPOT p50 per engine, side by side (matplotlib, for READMEs and slides)."""
     try:
