@@ -20,3 +20,14 @@ def test_a_fresh_process_measures_one_precision(tiny_folder, quantization):
     assert row["peak MB at load"] >= row["resident MB after load"] > row["load MB over bare process"] > 0
     assert row["ms per token"] > 0 and row["ms per token, stage 04"] > 0
     assert 0 < row[next(k for k in row if k.startswith("TTFT") and "512" not in k)] < row["TTFT ms, 512-token prompt"]
+    assert row["linear calls per token"] == 4 * 2 + 1  # the tiny model: qkv, o, gate_up, down per layer, LM head
+    assert 0 < row["linears ms per token, stage 04"] < row["ms per token, stage 04"] + 1
+    assert row["rest of the step ms, stage 04"] == pytest.approx(
+        row["ms per token, stage 04"] - row["linears ms per token, stage 04"])
+
+
+def test_time_per_call_fit_recovers_a_fixed_cost_and_a_bandwidth():
+    """The fit against made-up calls: 7 µs each plus their bytes at 25 GB/s."""
+    samples = [(b, 7e-6 + b / 25e9) for b in (331_776, 552_960, 1_769_472, 884_736, 28_311_552)]
+    fixed, bandwidth = edge.time_per_call_fit(samples)
+    assert fixed == pytest.approx(7e-6, rel=1e-6) and bandwidth == pytest.approx(25e9, rel=1e-6)

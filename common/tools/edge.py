@@ -8,7 +8,10 @@ Each precision runs in a fresh process, so its peak resident memory at load is i
 precision: the weight bytes one decode step reads, the per-token time they imply at the
 measured read bandwidth, the per-token time measured (one request alone, greedy, EOS
 ignored; the reference, then stage 04 with its fused CPU kernels), time to first token for a
-short chat prompt and a 512-token one, and memory.
+short chat prompt and a 512-token one, and memory. Then where stage 04's token goes: its linears,
+timed call by call, fitted as ``a fixed cost per call + bytes / bandwidth`` (the cost per call does
+not shrink with the bytes, which is why fewer bits per weight gain less than their ratio), and
+the rest of the step.
 llama.cpp (llama-cpp-python, if installed) runs the GGUF itself the same way, same threads.
 These are timings: run them on a quiet machine.
 """
@@ -20,7 +23,9 @@ import json
 import subprocess
 import sys
 import time
+from collections import defaultdict
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -72,7 +77,43 @@ def measure_stepwise(model: str, quantization: str | None, tokens: int) -> dict:
     kernels.generate([chat], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     m = kernels.generate([chat], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))[0].metrics
     row["ms per token, stage 04"] = 1e3 * decode_times(m.token_times)
+    row.update(linear_breakdown(kernels, chat, tokens))
+    row["rest of the step ms, stage 04"] = row["ms per token, stage 04"] - row["linears ms per token, stage 04"]
     return row
+
+
+def time_per_call_fit(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares ``seconds = fixed + bytes / bandwidth`` over (bytes, seconds) samples: (fixed s, bytes/s)."""
+    nbytes, seconds = np.asarray(samples, dtype=float).T
+    per_byte, fixed = np.polyfit(nbytes, seconds, 1)
+    return float(fixed), float(1 / per_byte)
+
+
+def linear_breakdown(llm, prompt: list[int], tokens: int) -> dict:
+    """Decode ``tokens`` tokens of one request with a timer around every linear call; each linear's median
+    call, their sum per token, and the fit of those medians against the bytes each linear reads."""
+    from common import SamplingParams
+    from common.invariant import RowTiled
+
+    calls, untimed = defaultdict(list), RowTiled.__call__
+
+    def timed(linear, x):
+        start = time.perf_counter()
+        out = untimed(linear, x)
+        if x.shape[0] == 1:  # decode steps only, not the prompt
+            calls[linear].append(time.perf_counter() - start)
+        return out
+
+    RowTiled.__call__ = timed
+    try:
+        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+    finally:
+        RowTiled.__call__ = untimed
+    medians = [(linear.nbytes, float(np.median(t))) for linear, t in calls.items()]
+    fixed, bandwidth = time_per_call_fit(medians)
+    return {"linears ms per token, stage 04": 1e3 * sum(t for _, t in medians),
+            "linears GB/s (fit)": bandwidth / 1e9, "µs per linear call besides bytes (fit)": 1e6 * fixed,
+            "linear calls per token": len(medians)}
 
 
 def measure_llama_cpp(tokens: int, threads: int) -> dict:
@@ -146,7 +187,9 @@ def main(argv=None) -> dict:
         print(json.dumps(row))
         return row
     bandwidth, rows = measure(args.model, args.tokens, not args.no_llama_cpp)
-    order = ["weight MB", "estimated ms per token", "ms per token", "ms per token, stage 04", "measured / estimated"]
+    order = ["weight MB", "estimated ms per token", "ms per token", "ms per token, stage 04", "measured / estimated",
+             "linears ms per token, stage 04", "rest of the step ms, stage 04", "linears GB/s (fit)",
+             "µs per linear call besides bytes (fit)"]
     figures = order + [k for k in next(iter(rows.values())) if k not in order]
     table = Table(title=f"{args.model}, one request alone, {torch.get_num_threads()} threads: read bandwidth "
                         f"{bandwidth / 1e9:.1f} GB/s; target {TARGET_MS:.0f} ms per token and to the first token")
@@ -154,7 +197,7 @@ def main(argv=None) -> dict:
     for name in rows:
         table.add_column(name, justify="right")
     for figure in figures:
-        digits = 2 if figure == "measured / estimated" else 1
+        digits = 2 if figure == "measured / estimated" else 0 if figure == "linear calls per token" else 1
         table.add_row(figure, *(f"{rows[n][figure]:,.{digits}f}" if figure in rows[n] else "-" for n in rows))
     Console().print(table)
     return {"read bandwidth GB/s": bandwidth / 1e9, "rows": rows}
