@@ -45,7 +45,7 @@ def _dot(a, b, acc, FP32: tl.constexpr):
     return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one binary for every row count
 def _int8_linear_kernel(x_ptr, q_ptr, scale_ptr, out_ptr, M, N, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         DOT_IN_FP32: tl.constexpr):
@@ -65,7 +65,7 @@ def _int8_linear_kernel(x_ptr, q_ptr, scale_ptr, out_ptr, M, N, K,
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _int4_linear_kernel(x_ptr, nibbles_ptr, d_ptr, m_ptr, out_ptr, M, N, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
