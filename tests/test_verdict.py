@@ -28,8 +28,8 @@ def test_only_stages_that_ran_are_compared():
 
 
 def test_steps_against_rows_bounds_what_continuous_batching_can_give():
-    """time = steps x a + rows x b for both stages (the same rows): the speedup stays under the step ratio and
-    reaches it only as b goes to 0."""
+    """With time = steps x a + rows x b for both stages (the same rows), the speedup stays under the step ratio
+    the line states and reaches it only as b goes to 0."""
     rows_total, s1, s2 = 13_662, 512, 338
     for a, b in [(0.014, 0.0008), (0.014, 0.0), (0.030, 0.0001)]:
         r = {name: {"prompt tokens": 5_577, "output tokens": rows_total - 5_577, "steps": s,
@@ -38,6 +38,7 @@ def test_steps_against_rows_bounds_what_continuous_batching_can_give():
         text = verdict.steps_against_rows(r)
         speedup = (s1 * a + rows_total * b) / (s2 * a + rows_total * b)
         assert f"02 / 01 = {speedup:.2f}x" in text and "1.51x fewer steps (512 vs 338)" in text
+        assert "which alone is worth 1.51x" in text
         assert speedup <= s1 / s2 + 1e-12 and (b > 0 or f"{speedup:.2f}" == "1.51")
     r["02 continuous"]["output tokens"] += 1  # not the same rows: no comparison
     assert verdict.steps_against_rows(r) is None

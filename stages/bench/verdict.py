@@ -23,13 +23,13 @@ def verdict(rows: dict[str, dict]) -> tuple[bool, str]:
 
 
 def steps_against_rows(rows: dict[str, dict]) -> str | None:
-    """What stage 02's fewer steps can be worth, from stages 01 and 02 of one run.
+    """What stage 02's fewer steps are worth, from stages 01 and 02 of one run.
 
     Both compute the same rows (each prompt token and each output token once), stage 02 in fewer steps. A
     step's time is a part every step pays whatever it holds (reading every weight, launching the work) plus
-    a part per row (its arithmetic, its attention), and fewer steps save only the first: steps_01 / steps_02
-    is the most 02 / 01 can reach, and only where a row costs nothing. None without both stages, or if they
-    differ in rows."""
+    a part per row (its arithmetic, its attention). Fewer steps save only the first: alone they are worth
+    steps_01 / steps_02, all of it where rows cost nothing, less the more rows cost (measured ratios move
+    around that with the machine's speed). None without both stages, or if they differ in rows."""
     static, continuous = rows.get("01 static"), rows.get("02 continuous")
     if static is None or continuous is None:
         return None
@@ -38,8 +38,8 @@ def steps_against_rows(rows: dict[str, dict]) -> str | None:
         return None
     s1, s2 = static["steps"], continuous["steps"]
     return (f"02 / 01 = {continuous['output tok/s'] / static['output tok/s']:.2f}x; stage 02 takes "
-            f"{s1 / s2:.2f}x fewer steps ({s1:,} vs {s2:,}) for the same {n:,} rows; with a fixed cost per step and "
-            f"one per row, {s1 / s2:.2f}x is the most fewer steps can give")
+            f"{s1 / s2:.2f}x fewer steps ({s1:,} vs {s2:,}) for the same {n:,} rows, which alone is worth "
+            f"{s1 / s2:.2f}x where a step costs the same whatever it holds, less where each row costs time too")
 
 
 def plot(rows: dict[str, dict], path: str, title: str) -> None:
