@@ -32,7 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32  # constants: a row's sums never depend on how many rows a call holds
+# Constants: a row's sums never depend on how many rows a call holds. The input features K are a compile-time
+# constant too (a binary per linear shape): triton 3.6's interpreter takes no loop bound from a runtime argument.
+BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
 GROUP = 32  # int4 weights per (d, m): Q4_1's block
 DOT_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -46,7 +48,7 @@ def _dot(a, b, acc, FP32: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every row count
-def _int8_linear_kernel(x_ptr, q_ptr, scale_ptr, out_ptr, M, N, K,
+def _int8_linear_kernel(x_ptr, q_ptr, scale_ptr, out_ptr, M, N, K: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         DOT_IN_FP32: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -66,26 +68,26 @@ def _int8_linear_kernel(x_ptr, q_ptr, scale_ptr, out_ptr, M, N, K,
 
 
 @triton.jit(do_not_specialize=["M"])
-def _int4_linear_kernel(x_ptr, nibbles_ptr, d_ptr, m_ptr, out_ptr, M, N, K,
+def _int4_linear_kernel(x_ptr, nibbles_ptr, d_ptr, m_ptr, out_ptr, M, N, K: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_IN_FP32: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     j = tl.arange(0, 16)
     row_ok, col_ok = rows < M, cols < N
-    groups = K // 32
     x_ptrs = x_ptr + rows[:, None] * K + j[None, :]  # the first half of group 0
     b_ptrs = nibbles_ptr + cols[None, :] * (K // 2) + j[:, None]  # [16, BLOCK_N]: group 0's bytes, transposed
+    dm_offsets = cols * (K // 32)  # each output's first (d, m)
     zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc = zero
-    for g in range(0, groups):
-        x_low = tl.load(x_ptrs + g * 32, mask=row_ok[:, None], other=0.0)  # inputs j of the group
-        x_high = tl.load(x_ptrs + (g * 32 + 16), mask=row_ok[:, None], other=0.0)  # inputs j + 16
-        b = tl.load(b_ptrs + g * 16, mask=col_ok[None, :], other=0)
+    for k0 in range(0, K, 32):  # group after group, in order
+        x_low = tl.load(x_ptrs + k0, mask=row_ok[:, None], other=0.0)  # inputs j of the group
+        x_high = tl.load(x_ptrs + (k0 + 16), mask=row_ok[:, None], other=0.0)  # inputs j + 16
+        b = tl.load(b_ptrs + k0 // 2, mask=col_ok[None, :], other=0)
         xq = _dot(x_high, (b >> 4).to(tl.float32), _dot(x_low, (b & 0xF).to(tl.float32), zero, DOT_IN_FP32),
                   DOT_IN_FP32)  # x . q over the group, the integers q exact
         x_sum = tl.sum(x_low.to(tl.float32) + x_high.to(tl.float32), axis=1)
-        d = tl.load(d_ptr + cols * groups + g, mask=col_ok, other=0.0).to(tl.float32)
-        m = tl.load(m_ptr + cols * groups + g, mask=col_ok, other=0.0).to(tl.float32)
+        d = tl.load(d_ptr + dm_offsets + k0 // 32, mask=col_ok, other=0.0).to(tl.float32)
+        m = tl.load(m_ptr + dm_offsets + k0 // 32, mask=col_ok, other=0.0).to(tl.float32)
         acc += xq * d[None, :] + x_sum[:, None] * m[None, :]
     out = acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * N + cols[None, :], out, mask=row_ok[:, None] & col_ok[None, :])

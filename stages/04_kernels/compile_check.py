@@ -47,11 +47,12 @@ def kernel_specs(dtype: str = "bf16", head_dim: int = 64, group: int = 3, kv_hea
                                 "BLOCK_D": max(16, triton.next_power_of_2(head_dim))}),
         # common's quantized linears (every stage's on CUDA), as common.quant_cuda launches them on a GPU
         "int8_linear": (qc._int8_linear_kernel, {"x_ptr": p, "q_ptr": "*i8", "scale_ptr": "*fp32", "out_ptr": p,
-                        "M": "i32", "N": "i32", "K": "i32"},
-                        {"BLOCK_M": qc.BLOCK_M, "BLOCK_N": qc.BLOCK_N, "BLOCK_K": qc.BLOCK_K, "DOT_IN_FP32": False}),
+                        "M": "i32", "N": "i32"},
+                        {"K": hidden, "BLOCK_M": qc.BLOCK_M, "BLOCK_N": qc.BLOCK_N, "BLOCK_K": qc.BLOCK_K,
+                         "DOT_IN_FP32": False}),
         "int4_linear": (qc._int4_linear_kernel, {"x_ptr": p, "nibbles_ptr": "*u8", "d_ptr": "*fp16", "m_ptr": "*fp16",
-                        "out_ptr": p, "M": "i32", "N": "i32", "K": "i32"},
-                        {"BLOCK_M": qc.BLOCK_M, "BLOCK_N": qc.BLOCK_N, "DOT_IN_FP32": False}),
+                        "out_ptr": p, "M": "i32", "N": "i32"},
+                        {"K": hidden, "BLOCK_M": qc.BLOCK_M, "BLOCK_N": qc.BLOCK_N, "DOT_IN_FP32": False}),
     }
 
 
