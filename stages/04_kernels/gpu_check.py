@@ -1,6 +1,7 @@
 """`python -m stages.04_kernels --gpu-check`: everything a CUDA machine should confirm, in one run.
 
-1. the kernel tests, compiled (not interpreted), and every stage's tokens on CUDA against the reference;
+1. the kernel tests, compiled (not interpreted), the quantized linears' (common/quant_cuda.py), and every
+   stage's tokens on CUDA against the reference in bfloat16, int8 and int4;
 2. each kernel's time and achieved GB/s against the device's measured copy bandwidth;
 3. stages 03 and 04 on the real model in bfloat16, same workload: output tokens/s and token agreement.
 """
