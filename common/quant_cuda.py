@@ -32,10 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
+from common.quant import GROUP_SIZE
+
 # Constants: a row's sums never depend on how many rows a call holds. The input features K are a compile-time
 # constant too (a binary per linear shape): triton 3.6's interpreter takes no loop bound from a runtime argument.
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
-GROUP = 32  # int4 weights per (d, m): Q4_1's block
 DOT_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -111,7 +112,8 @@ def int4_linear(x: torch.Tensor, nibbles: torch.Tensor, d: torch.Tensor, m_: tor
     """x [m, k] bfloat16 times Q4_1 weights: nibbles [n, k / 2] uint8 in the GGUF's order, d and m [n, k / 32]
     fp16; each weight is d * q + m."""
     (m, k), n = x.shape, nibbles.shape[0]
-    assert k % GROUP == 0 and nibbles.shape[1] * 2 == k and d.shape == (n, k // GROUP), (x.shape, nibbles.shape)
+    assert k % GROUP_SIZE == 0 and nibbles.shape[1] * 2 == k and d.shape == (n, k // GROUP_SIZE), \
+        (x.shape, nibbles.shape)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _int4_linear_kernel[_grid(m, n)](x.contiguous(), nibbles, d, m_, out, m, n, k, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                                      DOT_IN_FP32=DOT_IN_FP32)
