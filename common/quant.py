@@ -6,16 +6,16 @@ bfloat16; only the stored weights shrink, and each kernel widens them on the fly
 
 * ``int8``: one scale per output channel, symmetric (``w = q * s``, ``q`` in -127..127),
   made from the dense weights.
-* ``int4``: groups of 32 weights along the input features, ``w = (q - 8) * scale + zero``
-  with ``q`` in 0..15: the convention of torch's CPU kernel
-  (``torch._weight_int4pack_mm_for_cpu``, ATen's ``int4mm_kernel.cpp``). SmolLM2's GGUF
-  stores its projections as Q4_1: groups of 32 with an fp16 scale ``d`` and minimum ``m``,
-  ``w = d * q + m``. ``common.prepare`` keeps those blocks in the checkpoint folder and they
-  become the kernel's groups without re-quantizing: the same ``q``, ``scale = d``,
-  ``zero = m + 8 d``. The kernel reads scales and zeros in the activation dtype, so both are
-  rounded once to bfloat16 (8 significant bits against fp16's 11): that rounding is the only
-  difference from the GGUF's weights (``tests/test_oracle_hf.py`` states the largest). A
-  checkpoint without Q4_1 blocks (the tiny model) is quantized with Q4_1's own recipe.
+* ``int4``: SmolLM2's GGUF stores its projections as Q4_1: groups of 32 weights along the
+  input features with an fp16 scale ``d`` and minimum ``m``, ``w = d * q + m``, ``q`` in 0..15.
+  ``common.prepare`` keeps those blocks in the checkpoint folder and they become int4's groups
+  without re-quantizing. Our kernels (AMX on CPU, Triton on CUDA) keep the GGUF's codes, ``d``
+  and ``m`` as they are, so they multiply by exactly the GGUF's weights. torch's CPU kernel
+  (``torch._weight_int4pack_mm_for_cpu``, ATen's ``int4mm_kernel.cpp``; where there is no AMX)
+  computes ``w = (q - 8) * scale + zero`` with ``scale = d``, ``zero = m + 8 d`` held in
+  bfloat16 (8 significant bits against fp16's 11): that rounding is its only difference from
+  the GGUF's weights (``tests/test_oracle_hf.py`` states the largest). A checkpoint without
+  Q4_1 blocks (the tiny model) is quantized with Q4_1's own recipe.
 
 What is quantized: every projection (q, k, v, o, gate, up, down). The tied embedding / LM
 head table becomes int8 per row in both modes (the GGUF holds it at 8 bits too, as Q8_0,
@@ -23,15 +23,16 @@ which the int4 kernel cannot hold); the embedding lookup dequantizes the rows it
 from that same table. Norms stay in the model dtype.
 
 Kernels on CUDA: Triton kernels that widen the weights in registers (``common.quant_cuda``), int4
-on the GGUF's own bytes with its fp16 ``d`` and ``m`` unrounded. Kernels on CPU: int4 runs on
-torch's (``torch._weight_int4pack_mm_for_cpu``). int8 on a CPU with
-Intel AMX runs on our own (``common/native/linear.cpp``): the weights are widened to bfloat16
-(exactly) a tile at a time and multiplied like the bfloat16 linear, then scaled per output;
-elsewhere, and in plain mode, on ``torch._weight_int8pack_mm``. At SmolLM2's shapes on the
-build machine ours reads one request's int8 weights 1.5x as fast, and at 32 rows it is 6x
-as fast (torch's int8 kernel widens the weights again for every 4 rows). An AMX int4 kernel
-was tried (tiles on the exact integers q - 8, each group's sums scaled afterwards): about
-2x torch's speed at 32 rows but 1.2-1.6x slower for one request, the case int4 is for.
+on the GGUF's own bytes with its fp16 ``d`` and ``m`` unrounded. Kernels on a CPU with Intel AMX:
+our own (``common/native/linear.cpp``). int8: the weights are widened to bfloat16 (exactly) a
+tile at a time and multiplied like the bfloat16 linear, then scaled per output. int4: the codes
+are widened to bfloat16 (exactly: 0..15), each tile product is one group's ``x . q``, and the
+outputs add ``d * (x . q) + m * sum(x)`` group by group in float32; one request's row takes
+several groups per tile round trip, with the same bits. Elsewhere, and in plain mode, torch's
+kernels (``torch._weight_int8pack_mm``, ``torch._weight_int4pack_mm_for_cpu``). At SmolLM2's
+shapes on the build machine, against torch's: int8 1.5x as fast for one request and 6x at 32
+rows; int4 about 1.2x for one request and 5x at 32 rows (torch's kernels widen the weights
+again for every 4 rows).
 
 Batch invariance: every kernel computes each output row from its own input row alone, in one
 fixed order over the input features, with no split over them (ours by construction; torch's
@@ -204,17 +205,30 @@ def q4_1_quantize(weight: torch.Tensor) -> np.ndarray:
 
 
 class Int4Linear(QuantizedLinear):
+    """GGUF Q4_1 groups: ``w = d * q + m``. On a CPU with AMX, our kernel (``common/native/linear.cpp``) on the
+    GGUF's codes, d and m, reordered at load; on CUDA, ``common.quant_cuda``'s Triton kernel on the GGUF's bytes;
+    elsewhere, or in plain mode, ``torch._weight_int4pack_mm_for_cpu``."""
+
     def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, plain: bool = False):
         """codes [out, in] in 0..15; d, m [out, in / 32]: the weight is d * q + m group by group."""
         check_shape(codes.shape)
         self.out_features, self.in_features = codes.shape
         self.group_size = self.in_features // d.shape[1]
+        self.plain = plain
         self.triton = cuda_kernels(device)
+        self.records = None
         if self.triton is not None:  # the GGUF's bytes and its fp16 d and m, as they are
             self.nibbles = self.triton.q4_1_nibbles(codes).to(device)
             self.d, self.m = (torch.from_numpy(t.astype(np.float16)).to(device) for t in (d, m))
             self.nbytes = self.nibbles.numel() + 2 * self.d.numel() * self.d.element_size()
+            return
+        if not plain and native.amx_linear_ready():  # the GGUF's codes, d and m, in the order our kernel reads them
+            self.amx_kernels = native.kernels(native.LINEAR_SOURCE)
+            self.records = self.amx_kernels.pack_int4(*(torch.from_numpy(np.ascontiguousarray(t)) for t in
+                                                        (codes.astype(np.uint8), d.astype(np.float16),
+                                                         m.astype(np.float16))))
+            self.nbytes = self.records.numel()
             return
         scale = torch.from_numpy(d.astype(np.float32))
         zero = torch.from_numpy(m.astype(np.float32)) + 8 * scale  # (q - 8) * d + (m + 8 d) = d * q + m
@@ -226,22 +240,38 @@ class Int4Linear(QuantizedLinear):
 
     @classmethod
     def from_q4_1(cls, blocks: np.ndarray, dtype: torch.dtype = torch.bfloat16,
-                  device: torch.device | str | None = None) -> "Int4Linear":
-        return cls(*q4_1_groups(blocks), dtype=dtype, device=device)
+                  device: torch.device | str | None = None, plain: bool = False) -> "Int4Linear":
+        return cls(*q4_1_groups(blocks), dtype=dtype, device=device, plain=plain)
 
     @property
     def backend(self) -> str:
-        return "Triton Int4 kernel (stepwise)" if self.triton is not None else "torch Int4 kernel"
+        if self.triton is not None:
+            return "Triton Int4 kernel (stepwise)"
+        return "AMX Int4 kernel (stepwise)" if self.records is not None else "torch Int4 kernel"
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        if self.records is not None:
+            return self.amx_kernels.linear(x, self.records, None, self.out_features)
         if self.triton is not None:
             return self.triton.int4_linear(x, self.nibbles, self.d, self.m)
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
 
     def dequantized(self, columns: int | None = None) -> torch.Tensor:
-        """The weights [out, columns or in] as the kernel reads them: fed rows of the identity in float32, it
-        returns one weight per output, (q - 8) * scale + zero, unpacked from the packed layout the bfloat16
-        path reads (float32 takes torch's scalar path: slow, for tests). On CUDA: d * q + m from the GGUF's bytes."""
+        """The weights [out, columns or in] as the kernel reads them. Ours and CUDA: d * q + m in float32, read
+        back from the kernel's records or the GGUF's bytes. Otherwise: fed rows of the identity in float32,
+        torch's kernel returns one weight per output, (q - 8) * scale + zero, unpacked from the packed layout the
+        bfloat16 path reads (float32 takes torch's scalar path: slow, for tests)."""
+        if self.records is not None:
+            blocks, chunks = self.records.shape[:2]
+            d, m = (self.records[..., i:i + 32].contiguous().view(torch.float16).float().transpose(1, 2)
+                    for i in (0, 32))  # [blocks, 16 outputs, chunks]
+            # linear.cpp's pack_int4: byte 16 L + 8 h + r of each 64 bytes g holds word 8 L + r of tile row 4g + h
+            # (low nibble) and of tile row 4g + 2 + h (high nibble); word 2o + p of row j is input 2j + p of output o
+            b = self.records[..., 64:].view(blocks, chunks, 4, 4, 2, 8)  # [.., g, L, h, r]
+            rows = torch.stack([b & 0xF, b >> 4], 3).permute(0, 1, 2, 3, 5, 4, 6).reshape(blocks, chunks, 16, 16, 2)
+            q = rows.permute(0, 3, 1, 2, 4).reshape(blocks, 16, -1).float()  # [blocks, output, 32 c + 2 j + p]
+            w = q * d.repeat_interleave(GROUP_SIZE, -1) + m.repeat_interleave(GROUP_SIZE, -1)
+            return w.reshape(-1, self.in_features)[:self.out_features, :columns]
         if self.triton is not None:
             b = self.nibbles.view(self.out_features, -1, 16)
             q = torch.stack([b & 0xF, b >> 4], 2).view(self.out_features, -1, GROUP_SIZE).float()
@@ -291,7 +321,8 @@ class LinearFactory:
             return Linear(weight, self.plain)
         if self.quantization == "int8":
             return Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype, self.plain, self.device)
-        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype, self.device)
+        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype, self.device,
+                                    self.plain)
 
     def q4_1_blocks(self, name: str) -> np.ndarray:
         """The GGUF's own Q4_1 blocks when the checkpoint keeps them, else the dense weight quantized like them."""

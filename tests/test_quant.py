@@ -43,15 +43,42 @@ def test_q4_1_groups_decode_like_gguf():
     assert codes.min() == 0 and codes.max() == 15
 
 
+def gguf_weights(blocks: np.ndarray) -> torch.Tensor:
+    """The GGUF's own weights, d * q + m in float32, as gguf-py (and so transformers) dequantizes them."""
+    import gguf
+
+    return torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_1).copy())
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["our kernel", "torch's kernel"])
 @pytest.mark.parametrize("shape", [(64, 96), (48, 128)])
-def test_int4_kernel_multiplies_by_the_q4_1_weights(shape):
+def test_int4_kernel_multiplies_by_the_q4_1_weights(shape, ours):
+    """Ours (AMX) multiplies by the GGUF's weights exactly; torch's by its own convention (kernel_weights)."""
     blocks = random_q4_1(shape, 1)
-    linear = Int4Linear.from_q4_1(blocks)
-    w = kernel_weights(blocks)
-    # Read back through the kernel itself (float32 identity): scale, zero and nibble order are as intended.
+    linear = Int4Linear.from_q4_1(blocks, plain=not ours)
+    if ours and linear.records is None:
+        pytest.skip("our int4 kernel needs AMX")
+    w = gguf_weights(blocks) if ours else kernel_weights(blocks)
+    # Read back through the kernel's own storage: d, m and the order of the codes are as intended.
     torch.testing.assert_close(linear.dequantized(), w, rtol=0, atol=0)
     x = torch.randn(ROW_TILE, shape[1], generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     torch.testing.assert_close(linear(x).float(), x.float() @ w.t(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(16, 160), (48, 96), (960, 576), (576, 1536)])
+def test_int4_one_row_gets_its_bits_in_every_batch(shape):
+    """Our int4 kernel takes a row alone (a decode step) through its own path (several groups per tile round
+    trip) and batches through another (one group per round trip): a row's bits must not tell them apart. The
+    shapes cover one block of 16 outputs, an odd number of blocks, and group counts that leave a partial round."""
+    linear = Int4Linear.from_q4_1(random_q4_1(shape, 6))
+    if linear.records is None:
+        pytest.skip("our int4 kernel needs AMX")
+    x = (torch.randn(40, shape[1], generator=torch.Generator().manual_seed(7)) * 3).to(torch.bfloat16)
+    alone = torch.cat([linear.kernel(x[i:i + 1]) for i in range(40)])
+    for rows in (2, 3, 16, 17, 32, 33, 40):
+        assert torch.equal(linear.kernel(x[:rows]), alone[:rows]), rows
+    exact = x.double() @ linear.dequantized().double().t()
+    assert ((alone.double() - exact).abs() <= exact.abs() / 128 + 1e-2).all()  # one bfloat16 rounding, give or take
 
 
 def test_int8_is_per_channel_symmetric():
