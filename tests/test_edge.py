@@ -31,3 +31,19 @@ def test_time_per_call_fit_recovers_a_fixed_cost_and_a_bandwidth():
     samples = [(b, 7e-6 + b / 25e9) for b in (331_776, 552_960, 1_769_472, 884_736, 28_311_552)]
     fixed, bandwidth = edge.time_per_call_fit(samples)
     assert fixed == pytest.approx(7e-6, rel=1e-6) and bandwidth == pytest.approx(25e9, rel=1e-6)
+
+
+def test_speed_ratios_are_taken_round_by_round():
+    """Each ratio divides two times of the same round: a slow round slows both sides and cancels."""
+    def row(reference, stage_04):
+        return {"ms per token": reference, "ms per token, stage 04": stage_04}
+
+    by_round = [{"bfloat16": row(20, 10), "int8": row(16, 5), "int4": row(12, 4), "llama.cpp Q4_1": row(12, 99)},
+                {"bfloat16": row(40, 30), "int8": row(32, 15), "int4": row(24, 12), "llama.cpp Q4_1": row(24, 99)}]
+    ratios = edge.speed_ratios(by_round)
+    assert ratios["int8 / bfloat16, stage 04"] == [2.0, 2.0]
+    assert ratios["int8 / bfloat16, reference"] == [1.25, 1.25]
+    assert ratios["int4 / llama.cpp, stage 04"] == [3.0, 2.0]  # llama.cpp's one path against each of ours
+    assert ratios["int4 / llama.cpp, reference"] == [1.0, 1.0]
+    assert "int4 / llama.cpp, stage 04" not in edge.speed_ratios([{k: v for k, v in r.items() if "llama" not in k}
+                                                                  for r in by_round])
