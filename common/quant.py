@@ -10,7 +10,8 @@ bfloat16; only the stored weights shrink, and each kernel widens them on the fly
   input features with an fp16 scale ``d`` and minimum ``m``, ``w = d * q + m``, ``q`` in 0..15.
   ``common.prepare`` keeps those blocks in the checkpoint folder and they become int4's groups
   without re-quantizing. Our kernels (AMX on CPU, Triton on CUDA) keep the GGUF's codes, ``d``
-  and ``m`` as they are, so they multiply by exactly the GGUF's weights. torch's CPU kernel
+  and ``m`` exactly (they never form ``w``: per group they take ``d * (x . q) + m * sum(x)``), so
+  read back, their weights are the GGUF's. torch's CPU kernel
   (``torch._weight_int4pack_mm_for_cpu``, ATen's ``int4mm_kernel.cpp``; where there is no AMX)
   computes ``w = (q - 8) * scale + zero`` with ``scale = d``, ``zero = m + 8 d`` held in
   bfloat16 (8 significant bits against fp16's 11): that rounding is its only difference from

@@ -96,10 +96,11 @@ HF_PARTS = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
 
 @pytest.mark.real_model
 def test_int4_weights_are_the_ggufs(hf_models, int4_reference, real_folder):
-    """int4 multiplies by the weights transformers dequantizes from the GGUF. Our kernel (on a CPU with AMX, or
-    the Triton one on CUDA) keeps the GGUF's codes, d and m, so every weight of all 210 projections is the same
-    float32 number. torch's kernel (elsewhere) holds each group's scale d and zero m + 8d in bfloat16 (8
-    significant bits; the GGUF's fp16 has 11). Measured over all 210 projections: largest difference 2.1e-2
+    """int4 multiplies by the weights transformers dequantizes from the GGUF. Our AMX kernel keeps the GGUF's
+    codes, d and m: read back from its storage, every weight of all 210 projections is the same float32 number
+    (tests/test_quant.py checks that the kernel multiplies by what it stores). torch's kernel (elsewhere) holds
+    each group's scale d and zero m + 8d in bfloat16 (8 significant bits; the GGUF's fp16 has 11). Measured over
+    all 210 projections: largest difference 2.1e-2
     (layer 27's gate projection, weights up to 9.25), at most 0.046 of the group's step d, so every 4-bit code is
     the GGUF's; each group's difference is within what that rounding explains, 8|d - scale| + |m + 8d - zero|.
     (Rounding the dense weights to bfloat16 moves them up to 1.4e-2.)"""

@@ -53,7 +53,7 @@ def gguf_weights(blocks: np.ndarray) -> torch.Tensor:
 @pytest.mark.parametrize("ours", [True, False], ids=["our kernel", "torch's kernel"])
 @pytest.mark.parametrize("shape", [(64, 96), (48, 128)])
 def test_int4_kernel_multiplies_by_the_q4_1_weights(shape, ours):
-    """Ours (AMX) multiplies by the GGUF's weights exactly; torch's by its own convention (kernel_weights)."""
+    """Ours (AMX) keeps the GGUF's codes, d and m exactly; torch's its own convention (kernel_weights)."""
     blocks = random_q4_1(shape, 1)
     linear = Int4Linear.from_q4_1(blocks, plain=not ours)
     if ours and linear.records is None:
@@ -65,11 +65,12 @@ def test_int4_kernel_multiplies_by_the_q4_1_weights(shape, ours):
     torch.testing.assert_close(linear(x).float(), x.float() @ w.t(), rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("shape", [(16, 160), (48, 96), (960, 576), (576, 1536)])
+@pytest.mark.parametrize("shape", [(16, 32), (16, 160), (48, 96), (960, 576), (576, 1536)])
 def test_int4_one_row_gets_its_bits_in_every_batch(shape):
     """Our int4 kernel takes a row alone (a decode step) through its own path (several groups per tile round
     trip) and batches through another (one group per round trip): a row's bits must not tell them apart. The
-    shapes cover one block of 16 outputs, an odd number of blocks, and group counts that leave a partial round."""
+    shapes cover one block of 16 outputs, an odd number of blocks, a single group, and group counts that leave a
+    partial round."""
     linear = Int4Linear.from_q4_1(random_q4_1(shape, 6))
     if linear.records is None:
         pytest.skip("our int4 kernel needs AMX")

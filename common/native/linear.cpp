@@ -46,13 +46,15 @@ constexpr int64_t INT4_RECORD = 320;  // int4, one chunk of one block: d[16], m[
 
 #ifdef STEPWISE_AMX
 constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-// How far ahead of the tile loads the weights are requested, in chunks (1 KiB of bfloat16, 512 B of int8 per
-// block): int8 needs the longer run-up because widening it costs time between loads. Picked by timing one
+// How far ahead of the tile loads the weights are requested, in chunks (1 KiB of bfloat16, 512 B of int8, a
+// 320-byte record of int4 per block): int8 needs the longer run-up because widening it costs time between loads. Picked by timing one
 // decode step's linears at one row (weights read from memory) on the build machine; noisy, roughly 1.1x each.
 constexpr int PREFETCH_BF16_CHUNKS = 2, PREFETCH_INT8_CHUNKS = 32, PREFETCH_INT4_CHUNKS = 16;
 // int4, one row: groups per tile round trip (rows of the spread activation tile), and how many chunks ahead of
 // their tile loads the codes are widened (into a ring of buffers). Picked like the prefetch distances.
 constexpr int DIAG = 4, RING = 4, AHEAD = 2;
+static_assert(DIAG >= 1 && DIAG <= 16 && AHEAD < RING, "a tile has 16 rows; a ring slot is rewritten after use");
+constexpr int BUFFER = RING * 1024;  // uint16 of widened weights per thread: the ring's slots of 2 blocks x 512
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
@@ -61,8 +63,9 @@ struct alignas(64) TileConfig {
 };
 
 // Tiles: 0, 1 accumulate rows [0, a) against weight blocks 6, 7, from activations in 4;
-// 2, 3 rows [16, 16 + b) from activations in 5. Every tile row is 64 bytes
-// (16 float32 accumulators, or 32 bfloat16 inputs, or 16 output pairs).
+// 2, 3 rows [16, 16 + b) from activations in 5 (int4 with one tile of rows: a second group of the
+// same rows). Every tile row is 64 bytes (16 float32 accumulators, or 32 bfloat16 inputs, or 16
+// output pairs).
 struct Tiles {
   int a = -1, b = -1;
   void configure(int rows_a, int rows_b) {
@@ -316,7 +319,8 @@ void multiply_int4(const uint16_t* X, int64_t m, int64_t kp, const uint8_t* r0, 
 
 // int4, one row (a request's decode step): the same products and sums as `multiply_int4`, with a DIAG-th of its
 // tile round trips. The row's input is spread so that group c sits alone in row c % DIAG of chunk c's activation
-// tile (`spread`: group c at 64-byte block (DIAG + 1) c, zeros between, so the tile's other rows read zeros).
+// tile (`spread`: group c at 64-byte block DIAG c, zeros between, so the tile's other rows, DIAG - 1 blocks
+// either side at most, read zeros).
 // DIAG chunks then add into one tile, each group's products in its own row, and the tile leaves once. Products
 // with zeros add +0, which leaves a group's sum as a fresh tile product gives it, so the row gets exactly the
 // bits `multiply_int4` gives it inside any batch (tests/test_quant.py checks it).
@@ -346,28 +350,28 @@ void multiply_int4_row(const uint16_t* spread, int64_t chunks, const uint8_t* r0
       const int64_t c = c0 + i;
       if (c + AHEAD < chunks) widen_chunk(c + AHEAD);
       const uint16_t* w = buffer + (c % RING) * 1024;
-      _tile_loadd(4, spread + ((DIAG + 1) * c - i) * 32, 64);  // row i: the group; rows j != i: zeros
+      _tile_loadd(4, spread + (DIAG * c - i) * 32, 64);  // row i: the group; rows j != i: zeros
       _tile_loadd(6, w, 64);
       _tile_dpbf16ps(0, 4, 6);
       if (second) { _tile_loadd(7, w + 512, 64); _tile_dpbf16ps(1, 4, 7); }
     }
     _tile_stored(0, part[0], 64);
     if (second) _tile_stored(1, part[1], 64);
-    for (int b = 0; b < (second ? 2 : 1); ++b) {
-      __m512 v = _mm512_load_ps(acc[b][0]);
+    for (int block = 0; block < (second ? 2 : 1); ++block) {
+      __m512 v = _mm512_load_ps(acc[block][0]);
       for (int i = 0; i < window; ++i) {  // the groups in order, as multiply_int4 adds them
-        const uint8_t* rec = r0 + b * block_records + (c0 + i) * INT4_RECORD;
+        const uint8_t* rec = r0 + block * block_records + (c0 + i) * INT4_RECORD;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
         const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
-        v = _mm512_fmadd_ps(d, _mm512_load_ps(part[b][i]), v);
+        v = _mm512_fmadd_ps(d, _mm512_load_ps(part[block][i]), v);
         v = _mm512_fmadd_ps(mins, _mm512_set1_ps(sums[c0 + i]), v);
       }
-      _mm512_store_ps(acc[b][0], v);
+      _mm512_store_ps(acc[block][0], v);
     }
   }
-  for (int b = 0; b < (second ? 2 : 1); ++b) {
-    const int64_t col = col0 + b * 16, cols = std::min<int64_t>(16, n - col);
-    if (cols > 0) store_rows(acc[b], 1, nullptr, O + col, n, cols);
+  for (int block = 0; block < (second ? 2 : 1); ++block) {
+    const int64_t col = col0 + block * 16, cols = std::min<int64_t>(16, n - col);
+    if (cols > 0) store_rows(acc[block], 1, nullptr, O + col, n, cols);
   }
 }
 
@@ -419,11 +423,12 @@ at::Tensor pack(const at::Tensor& weight) {
 // the codes of the chunk's 16 tile rows (row j: inputs 2j and 2j + 1, word 2o + p = input 2j + p of output o),
 // stored for `widen_int4`: byte 16 L + 8 h + r of each 64 holds word 8 L + r of row 4g + h in its low nibble and
 // of row 4g + 2 + h in its high one. Zero padded to 16 outputs. 0.625 bytes a weight, as in the GGUF.
-at::Tensor pack_int4(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
+at::Tensor pack_int4(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& mins) {
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte, "codes must be 2-D uint8");
-  TORCH_CHECK(d.scalar_type() == at::kHalf && m.scalar_type() == at::kHalf, "d and m must be float16");
+  TORCH_CHECK(codes.numel() == 0 || codes.max().item<int>() <= 15, "int4 codes must lie in 0..15");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && mins.scalar_type() == at::kHalf, "d and m must be float16");
   const int64_t n = codes.size(0), k = codes.size(1), np = round_up(n, 16), chunks = k / 32;
-  TORCH_CHECK(k % 32 == 0 && d.sizes() == m.sizes() && d.size(0) == n && d.size(1) == chunks,
+  TORCH_CHECK(k % 32 == 0 && d.sizes() == mins.sizes() && d.size(0) == n && d.size(1) == chunks,
               "int4 takes groups of 32 inputs: codes [n, k], d and m [n, k / 32]");
   auto padded = at::zeros({np, k}, codes.options());
   padded.narrow(0, 0, n).copy_(codes);
@@ -436,7 +441,7 @@ at::Tensor pack_int4(const at::Tensor& codes, const at::Tensor& d, const at::Ten
     p.narrow(0, 0, n).copy_(t);
     return p.view({np / 16, 16, chunks}).permute({0, 2, 1}).contiguous().view(at::kByte).view({np / 16, chunks, 32});
   };
-  return at::cat({scales(d), scales(m), bytes}, 2).contiguous();
+  return at::cat({scales(d), scales(mins), bytes}, 2).contiguous();
 }
 
 // x [m, k] bfloat16 times a packed weight: bfloat16; int8 with one float32 scale per output (y = (x . q) * s);
@@ -468,10 +473,10 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   // int4, one row: the row's groups spread for multiply_int4_row (per calling thread: zeros stay zeros)
   thread_local std::vector<uint16_t> spread;
   if (int4 && m == 1) {
-    if (spread.size() < static_cast<size_t>((DIAG + 1) * kp)) spread.assign((DIAG + 1) * kp, 0);
-    for (int64_t c = 0; c < kp / 32; ++c) std::copy(X + c * 32, X + c * 32 + 32, spread.data() + (DIAG + 1) * c * 32);
+    if (spread.size() < static_cast<size_t>(DIAG * kp)) spread.assign(DIAG * kp, 0);
+    for (int64_t c = 0; c < kp / 32; ++c) std::copy(X + c * 32, X + c * 32 + 32, spread.data() + DIAG * c * 32);
   }
-  const uint16_t* Z = spread.data();
+  const uint16_t* spread_x = spread.data();  // taken here: in the workers below, `spread` is their own
   const auto* Wb = reinterpret_cast<const uint16_t*>(packed.const_data_ptr());
   const auto* Wq = reinterpret_cast<const int8_t*>(packed.const_data_ptr());
   const auto* Wr = reinterpret_cast<const uint8_t*>(packed.const_data_ptr());
@@ -480,13 +485,13 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
     // int8 and int4: with more than one pass over the rows, each pair of blocks is widened once into `widened`
     // (L2); with one pass, chunk by chunk into `buffer` (L1).
     std::vector<uint16_t> widened((int8 || int4) && m > 32 ? 2 * block_elems : 0);
-    alignas(64) uint16_t buffer[4096];
+    alignas(64) uint16_t buffer[BUFFER];
     for (int64_t p = p0; p < p1; ++p) {  // two blocks of 16 outputs
       const int64_t block = 2 * p, col0 = block * 16;
       const bool second = block + 1 < blocks;
       if (int4 && m == 1) {
-        multiply_int4_row(Z, kp / 32, Wr + block * block_records, block_records, second, group_sums.data(), col0, n, O,
-                          tiles, buffer);
+        multiply_int4_row(spread_x, kp / 32, Wr + block * block_records, block_records, second, group_sums.data(),
+                          col0, n, O, tiles, buffer);
       } else if (int4) {
         multiply_int4(X, m, kp, Wr + block * block_records, block_records, second, group_sums.data(), col0, n, O,
                       tiles, buffer, m > 32 ? widened.data() : nullptr);
