@@ -30,10 +30,10 @@ tile at a time and multiplied like the bfloat16 linear, then scaled per output. 
 are widened to bfloat16 (exactly: 0..15), each tile product is one group's ``x . q``, and the
 outputs add ``d * (x . q) + m * sum(x)`` group by group in float32; one request's row takes
 several groups per tile round trip, with the same bits. Elsewhere, and in plain mode, torch's
-kernels (``torch._weight_int8pack_mm``, ``torch._weight_int4pack_mm_for_cpu``). At SmolLM2's
-shapes on the build machine, against torch's: int8 1.5x as fast for one request and 6x at 32
-rows; int4 about 1.2x for one request and 5x at 32 rows (torch's kernels widen the weights
-again for every 4 rows).
+kernels (``torch._weight_int8pack_mm``, ``torch._weight_int4pack_mm_for_cpu``). A step's
+projections at SmolLM2's shapes on the build machine, against torch's: int8 1.5x as fast for one
+request and 6x at 32 rows; int4 about 1.2x for one request (1.1x on a whole stage-04 step) and 5x
+at 32 rows (torch's kernels widen the weights again for every 4 rows).
 
 Batch invariance: every kernel computes each output row from its own input row alone, in one
 fixed order over the input features, with no split over them (ours by construction; torch's
