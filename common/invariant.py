@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import torch
 
@@ -157,5 +158,11 @@ def choose_row_tile(linears: list[RowTiled], dtype: torch.dtype, device: torch.d
 
 def _machine_key(backend: str, dtype: torch.dtype, device: torch.device, shapes: list) -> str:
     cpu = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_identity()
-    raw = f"{cpu}|{torch.__version__}|{torch.backends.mkldnn.is_available()}|{backend}|{dtype}|{shapes}"
+    # Our kernels' source is part of the key: an edited kernel is checked again, never trusted from the cache.
+    ours = ""
+    if "Triton" in backend:
+        ours = hashlib.sha256((Path(__file__).parent / "quant_cuda.py").read_bytes()).hexdigest()[:16]
+    elif "(stepwise)" in backend:
+        ours = native.source_key(native.LINEAR_SOURCE)
+    raw = f"{cpu}|{torch.__version__}|{torch.backends.mkldnn.is_available()}|{backend}|{dtype}|{shapes}|{ours}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]

@@ -62,6 +62,19 @@ def test_tile_check_finds_a_tile_and_rejects_a_batch_dependent_matmul():
     assert f"up to {tile} rows" in note and all(lin.row_tile == tile and not lin.exact_tiles for lin in linears)
 
 
+def test_a_cached_tile_is_keyed_on_our_kernels_source(monkeypatch):
+    """The row tile found for our kernel is cached per machine; an edited kernel must be checked again, not
+    trusted from the cache: its source is part of the key (a torch backend's key does not change with it)."""
+    import common.invariant as invariant
+
+    args = (torch.bfloat16, CPU, [("Linear", 576, 576)])
+    ours = invariant._machine_key("AMX kernel (stepwise)", *args)
+    theirs = invariant._machine_key("oneDNN prepacked", *args)
+    monkeypatch.setattr(invariant.native, "source_key", lambda source=None: "an edited linear.cpp")
+    assert invariant._machine_key("AMX kernel (stepwise)", *args) != ours
+    assert invariant._machine_key("oneDNN prepacked", *args) == theirs
+
+
 def torch_attention(q, k, v, start):
     """Plain causal attention for one sequence: q [n, H, d] at positions start.., k/v [L, KV, d]."""
     group = q.shape[1] // k.shape[1]

@@ -109,6 +109,12 @@ def describe() -> str:
     return f"attention: compiled CPU kernel ({build_note()})"
 
 
+def source_key(source: Path = SOURCE) -> str:
+    """What a build of ``source`` depends on (its text and the headers beside it, flags, torch, the CPU), hashed:
+    the name of its library, and part of the key of anything cached from that library's results."""
+    return _key(source)
+
+
 def _key(source: Path) -> str:
     headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))
     raw = f"{source.read_bytes()!r}|{headers!r}|{FLAGS}|{torch.__version__}|{cpu_identity()}|{sys.version_info[:2]}"
