@@ -342,7 +342,7 @@ def precision_bytes(shapes: Mapping[str, tuple[int, ...]], precision: str) -> in
     for name, shape in shapes.items():
         n = int(np.prod(shape))
         if name.endswith("_proj.weight") and precision == "int4":
-            total += n // 2 + n // GROUP_SIZE * 2 * 2  # nibbles, a bfloat16 scale and zero per group
+            total += n // 2 + n // GROUP_SIZE * 2 * 2  # nibbles, a 16-bit scale and minimum (or zero) per group
         elif name.endswith("_proj.weight") or len(shape) == 2:  # projections and token tables in int8
             total += n + shape[0] * 2  # a byte per weight, a bfloat16 scale per row
         else:
