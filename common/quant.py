@@ -25,7 +25,7 @@ from that same table. Norms stay in the model dtype.
 
 Kernels on CUDA: Triton kernels that widen the weights in registers (``common.quant_cuda``), int4
 on the GGUF's own bytes with its fp16 ``d`` and ``m`` unrounded. Kernels on a CPU with Intel AMX:
-our own (``common/native/linear.cpp``). int8: the weights are widened to bfloat16 (exactly) a
+our own (``common/native/linear.cpp``, int4 in ``linear_int4.h``). int8: the weights are widened to bfloat16 (exactly) a
 tile at a time and multiplied like the bfloat16 linear, then scaled per output. int4: the codes
 are widened to bfloat16 (exactly: 0..15), each tile product is one group's ``x . q``, and the
 outputs add ``d * (x . q) + m * sum(x)`` group by group in float32; one request's row takes
@@ -206,7 +206,7 @@ def q4_1_quantize(weight: torch.Tensor) -> np.ndarray:
 
 
 class Int4Linear(QuantizedLinear):
-    """GGUF Q4_1 groups: ``w = d * q + m``. On a CPU with AMX, our kernel (``common/native/linear.cpp``) on the
+    """GGUF Q4_1 groups: ``w = d * q + m``. On a CPU with AMX, our kernel (``common/native/linear_int4.h``) on the
     GGUF's codes, d and m, reordered at load; on CUDA, ``common.quant_cuda``'s Triton kernel on the GGUF's bytes;
     elsewhere, or in plain mode, ``torch._weight_int4pack_mm_for_cpu``."""
 
