@@ -35,8 +35,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     residual = x if residual is None else x + residual
     xf = residual.float()
     rows, hidden = xf.shape
-    squares = (xf * xf).double().view(rows, hidden // LANES, LANES)
-    sum_sq = squares.cumsum(1)[:, -1].unsqueeze(-1).cumsum(1)[:, -1].float()  # [rows, 1]
+    lanes = (xf * xf).view(rows, hidden // LANES, LANES).cumsum(1, dtype=torch.float64)[:, -1]  # [rows, LANES]
+    # the lanes summed as an outer dimension ([rows, LANES, 1]): a sequential scan on CUDA too, not a tree
+    sum_sq = lanes.unsqueeze(-1).cumsum(1)[:, -1].float()  # [rows, 1]
     root = torch.sqrt((sum_sq / hidden + eps).double()).float()  # the correctly rounded float32 root
     normed = (xf / root).to(x.dtype)
     return weight * normed, residual
@@ -52,8 +53,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [tokens, heads, head_dim] (the rotate-half layout) in float32: with x = (x1, x2) by halves,
     (x1 * cos - x2 * sin, x2 * cos + x1 * sin); cos, sin as ``rope_tables`` makes them."""
     xf = x.float()
-    half = x.shape[-1] // 2
-    return (xf * cos + torch.cat([xf[..., half:], xf[..., :half]], dim=-1) * sin).to(x.dtype)
+    return (xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin).to(x.dtype)  # roll by half: the halves swapped
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
