@@ -251,13 +251,15 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   const int64_t block_elems = kp * 16, pairs = (blocks + 1) / 2, block_records = kp / 32 * INT4_RECORD;
   std::vector<float> group_sums(int4 ? m * (kp / 32) : 0);
   if (int4) sum_groups(X, m, kp, group_sums.data());
-  // int4, one row: the row's groups spread for multiply_int4_row (per calling thread: zeros stay zeros)
+  // int4, one row: the row's groups spread for multiply_int4_row (per calling thread: zeros stay zeros). The
+  // pointer is taken here: in the workers below, `spread` would be their own.
   thread_local std::vector<uint16_t> spread;
+  const uint16_t* spread_x = nullptr;
   if (int4 && m == 1) {
     if (spread.size() < static_cast<size_t>(DIAG * kp)) spread.assign(DIAG * kp, 0);
     for (int64_t c = 0; c < kp / 32; ++c) std::copy(X + c * 32, X + c * 32 + 32, spread.data() + DIAG * c * 32);
+    spread_x = spread.data();
   }
-  const uint16_t* spread_x = spread.data();  // taken here: in the workers below, `spread` is their own
   const auto* Wb = reinterpret_cast<const uint16_t*>(packed.const_data_ptr());
   const auto* Wq = reinterpret_cast<const int8_t*>(packed.const_data_ptr());
   const auto* Wr = reinterpret_cast<const uint8_t*>(packed.const_data_ptr());

@@ -48,6 +48,24 @@ void widen_int4(const uint8_t* codes, uint16_t* dst) {
   }
 }
 
+// Requests a chunk's records (of one or both blocks) PREFETCH_INT4_CHUNKS chunks ahead.
+void prefetch_records(const uint8_t* record, int64_t block_records, bool second) {
+  for (int l = 0; l < INT4_RECORD; l += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(record) + PREFETCH_INT4_CHUNKS * INT4_RECORD + l, _MM_HINT_T0);
+    if (second)
+      _mm_prefetch(reinterpret_cast<const char*>(record + block_records) + PREFETCH_INT4_CHUNKS * INT4_RECORD + l,
+                   _MM_HINT_T0);
+  }
+}
+
+// One group into one row's 16 outputs: acc + d * (x . q), then + m * (the group's sum of x), each a fused
+// multiply-add rounding once. Both paths below add every group through here, in group order.
+inline __m512 add_group(__m512 acc, const uint8_t* record, const float* products, float sum) {
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(record)));
+  const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + 32)));
+  return _mm512_fmadd_ps(mins, _mm512_set1_ps(sum), _mm512_fmadd_ps(d, _mm512_loadu_ps(products), acc));
+}
+
 // int4: every row of x times one or two blocks of 16 outputs. Each chunk of 32 inputs is one Q4_1 group, so each
 // tile product is one group's sum x . q (exact products, float32 sums), and the outputs add, group after group,
 // d * (x . q) and then m * (the group's sum of x) in float32 (two fused multiply-adds, one rounding each): a row's
@@ -84,13 +102,7 @@ void multiply_int4(const uint16_t* X, int64_t m, int64_t kp, const uint8_t* r0, 
           W[i][0] = wide + (c + i) * 512, W[i][1] = wide + (chunks + c + i) * 512;
           continue;
         }
-        if (row0 == 0)
-          for (int l = 0; l < INT4_RECORD; l += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(rec) + PREFETCH_INT4_CHUNKS * INT4_RECORD + l, _MM_HINT_T0);
-            if (second)
-              _mm_prefetch(reinterpret_cast<const char*>(rec + block_records) + PREFETCH_INT4_CHUNKS * INT4_RECORD + l,
-                           _MM_HINT_T0);
-          }
+        if (row0 == 0) prefetch_records(rec, block_records, second);
         widen_int4(rec + 64, buffer + i * 1024);
         if (second) widen_int4(rec + block_records + 64, buffer + i * 1024 + 512);
         W[i][0] = buffer + i * 1024, W[i][1] = buffer + i * 1024 + 512;
@@ -119,13 +131,9 @@ void multiply_int4(const uint16_t* X, int64_t m, int64_t kp, const uint8_t* r0, 
         const int count = step == 2 ? rows[t & 1] : rows[t];
         if (!count) continue;
         const uint8_t* rec = r0 + (t & 1) * block_records + (c + group) * INT4_RECORD;
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
-        const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
         const float* sums = group_sums + (row0 + half * 16) * chunks + c + group;
-        for (int r = 0; r < count; ++r) {
-          const __m512 v = _mm512_fmadd_ps(d, _mm512_load_ps(part[t][r]), _mm512_load_ps(acc[into][r]));
-          _mm512_store_ps(acc[into][r], _mm512_fmadd_ps(mins, _mm512_set1_ps(sums[r * chunks]), v));
-        }
+        for (int r = 0; r < count; ++r)
+          _mm512_store_ps(acc[into][r], add_group(_mm512_load_ps(acc[into][r]), rec, part[t][r], sums[r * chunks]));
       }
       c += step;
     }
@@ -152,12 +160,7 @@ void multiply_int4_row(const uint16_t* spread, int64_t chunks, const uint8_t* r0
   // have reached the cache when the tile loads read them.
   auto widen_chunk = [&](int64_t c) {
     const uint8_t* record = r0 + c * INT4_RECORD;
-    for (int l = 0; l < INT4_RECORD; l += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(record) + PREFETCH_INT4_CHUNKS * INT4_RECORD + l, _MM_HINT_T0);
-      if (second)
-        _mm_prefetch(reinterpret_cast<const char*>(record + block_records) + PREFETCH_INT4_CHUNKS * INT4_RECORD + l,
-                     _MM_HINT_T0);
-    }
+    prefetch_records(record, block_records, second);
     uint16_t* into = buffer + (c % RING) * 1024;
     widen_int4(record + 64, into);
     if (second) widen_int4(record + block_records + 64, into + 512);
@@ -179,13 +182,8 @@ void multiply_int4_row(const uint16_t* spread, int64_t chunks, const uint8_t* r0
     if (second) _tile_stored(1, part[1], 64);
     for (int block = 0; block < (second ? 2 : 1); ++block) {
       __m512 v = _mm512_load_ps(acc[block][0]);
-      for (int i = 0; i < window; ++i) {  // the groups in order, as multiply_int4 adds them
-        const uint8_t* rec = r0 + block * block_records + (c0 + i) * INT4_RECORD;
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
-        const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
-        v = _mm512_fmadd_ps(d, _mm512_load_ps(part[block][i]), v);
-        v = _mm512_fmadd_ps(mins, _mm512_set1_ps(sums[c0 + i]), v);
-      }
+      for (int i = 0; i < window; ++i)  // the groups in order, as multiply_int4 adds them
+        v = add_group(v, r0 + block * block_records + (c0 + i) * INT4_RECORD, part[block][i], sums[c0 + i]);
       _mm512_store_ps(acc[block][0], v);
     }
   }
@@ -235,6 +233,5 @@ at::Tensor pack_int4(const at::Tensor& codes, const at::Tensor& d, const at::Ten
   };
   return at::cat({scales(d), scales(mins), bytes}, 2).contiguous();
 }
-
 
 }  // namespace
