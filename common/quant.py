@@ -26,7 +26,8 @@ from that same table. Norms stay in the model dtype.
 Kernels on CUDA: Triton kernels that widen the weights in registers (``common.quant_cuda``), int4
 on the GGUF's own bytes with its fp16 ``d`` and ``m`` unrounded. Kernels on a CPU with Intel AMX:
 our own (``common/native/linear.cpp``, int4 in ``linear_int4.h``). int8: the weights are widened to bfloat16 (exactly) a
-tile at a time and multiplied like the bfloat16 linear, then scaled per output. int4: the codes
+tile at a time and multiplied like the bfloat16 linear, then scaled per output; on a CPU with AVX-512 and no AMX,
+the same packed int8 weights widen in registers for ``linear_avx512.h``'s kernel (int4 there is torch's). int4: the codes
 are widened to bfloat16 (exactly: 0..15), each tile product is one group's ``x . q``, and the
 outputs add ``d * (x . q) + m * sum(x)`` group by group in float32; one request's row takes
 several groups per tile round trip, with the same bits. Elsewhere, and in plain mode, torch's
@@ -129,10 +130,10 @@ class Int8Linear(QuantizedLinear):
         self.nbytes = q.numel() + self.scales.numel() * self.scales.element_size()
         device = torch.device(device or "cpu")
         self.triton = cuda_kernels(device)  # on CUDA, plain mode too: the kernel keeps rows apart anyway
-        use_amx = self.triton is None and not plain and native.amx_linear_ready()
-        self.amx_kernels = native.kernels(native.LINEAR_SOURCE) if use_amx else None
-        self.amx = None if self.amx_kernels is None else self.amx_kernels.pack(q)
-        self._qweight = q.to(device) if self.amx is None else None  # the AMX kernel keeps only its packed copy
+        self.kernel_name = native.linear_kernel() if self.triton is None and not plain else None
+        self.native_kernels = native.kernels(native.LINEAR_SOURCE) if self.kernel_name else None
+        self.ours = None if self.native_kernels is None else self.native_kernels.pack(q)
+        self._qweight = q.to(device) if self.ours is None else None  # our CPU kernels keep only their packed copy
         self.scales = self.scales.to(device)
         self._scales_f32 = self.scales.float()
 
@@ -140,7 +141,7 @@ class Int8Linear(QuantizedLinear):
     def backend(self) -> str:
         if self.triton is not None:
             return "Triton Int8 kernel (stepwise)"
-        return "AMX Int8 kernel (stepwise)" if self.amx is not None else "torch Int8 kernel"
+        return f"{self.kernel_name} Int8 kernel (stepwise)" if self.ours is not None else "torch Int8 kernel"
 
     @property
     def qweight(self) -> torch.Tensor:
@@ -154,15 +155,16 @@ class Int8Linear(QuantizedLinear):
         # The packed copy (linear.cpp's `pack`): blocks of 16 outputs, [in / 4] groups of 64 bytes, each group
         # two input pairs for every output, in sign and magnitude. Output o's pairs are the 16-bit words
         # [lane o // 4][half 0 and 1][o % 4] of the group (byte 16 * lane + 8 * half + 2 * (o % 4)).
-        words = self.amx.view(torch.int16).view(self.amx.shape[0], -1, 4, 2, 4)
+        words = self.ours.view(torch.int16).view(self.ours.shape[0], -1, 4, 2, 4)
         picked = words[ids // 16, :, ids % 16 // 4, :, ids % 4]  # [ids, in / 4, 2 halves]
         sign_magnitude = picked.contiguous().view(torch.uint8).view(ids.shape[0], -1)
         magnitude = (sign_magnitude & 0x7F).to(torch.int8)
         return torch.where(sign_magnitude >= 0x80, -magnitude, magnitude)[:, :self.in_features]
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
-        if self.amx is not None:
-            return self.amx_kernels.linear(x, self.amx, self._scales_f32, self.out_features)
+        if self.ours is not None:
+            return self.native_kernels.linear(x, self.ours, self._scales_f32, self.out_features,
+                                              self.kernel_name == "AMX")
         if self.triton is not None:
             return self.triton.int8_linear(x, self._qweight, self._scales_f32)
         if x.data_ptr() % 64:  # torch's int8 kernel reads rows with aligned vector loads

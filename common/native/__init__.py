@@ -1,6 +1,6 @@
 """Build (once per machine) and load the project's C++ kernels: the CPU attention
-(``kernels(SOURCE).attention``) and the AMX linear (``kernels(LINEAR_SOURCE)``, see
-``linear.cpp``); stage 04 builds its fused element-wise kernels the same way.
+(``kernels(SOURCE).attention``) and the linears (``kernels(LINEAR_SOURCE)``, see
+``linear.cpp``: AMX, or AVX-512 where there is no AMX); stage 04 builds its fused element-wise kernels the same way.
 
 Why a compiled kernel on CPU: the same attention written with tensor operations costs
 about 25 of them per layer, each a few microseconds of dispatch on tiny tensors, plus a
@@ -51,12 +51,22 @@ def enabled(device: torch.device) -> bool:
     return load()
 
 
+def linear_kernel() -> str | None:
+    """Which of our linear kernels (``linear.cpp``) this CPU runs for bfloat16 and int8 weights: "AMX" (the CPU
+    has AMX-BF16 and Linux granted the tile state), else "AVX-512" (``linear_avx512.h``), else None: torch's
+    linears run. ``STEPWISE_LINEAR=avx512`` skips AMX, ``STEPWISE_LINEAR=torch`` skips both."""
+    choice = os.environ.get("STEPWISE_LINEAR", "auto")
+    if choice == "torch" or not load(LINEAR_SOURCE):
+        return None
+    module = kernels(LINEAR_SOURCE)
+    if choice != "avx512" and module.ready():
+        return "AMX"
+    return "AVX-512" if module.avx512_ready() else None
+
+
 def amx_linear_ready() -> bool:
-    """Whether bfloat16 linears on this CPU run the AMX kernel: it built, the CPU has AMX-BF16, Linux granted
-    the tile state, and ``STEPWISE_AMX_LINEAR=0`` does not switch it off (then oneDNN's linear runs)."""
-    if os.environ.get("STEPWISE_AMX_LINEAR", "1") == "0":
-        return False
-    return load(LINEAR_SOURCE) and bool(kernels(LINEAR_SOURCE).ready())
+    """Whether linears run on the AMX kernel (the only one of ours that takes int4)."""
+    return linear_kernel() == "AMX"
 
 
 def kernels(source: Path = SOURCE):

@@ -18,20 +18,24 @@
 // int4 (the GGUF's Q4_1 groups) runs on the same tiles: `linear_int4.h`.
 //
 // Built with -march=native: where the compiler or the CPU lacks AMX-BF16, `ready()` is
-// false and the caller keeps torch's linear. Linux also asks each process to request the
-// AMX tile state (arch_prctl) before its first use; `ready()` does that once.
+// false, and bfloat16 and int8 weights run on `linear_avx512.h`'s kernel (the same packed
+// weights) where the CPU has AVX-512 BF16, else on torch's linears. Linux also asks each process
+// to request the AMX tile state (arch_prctl) before its first use; `ready()` does that once.
 #include <torch/csrc/utils/pybind.h>  // tensors to and from Python
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__AVX512VBMI__) && \
-    defined(__linux__)
-#define STEPWISE_AMX 1
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+#define STEPWISE_AVX512 1  // the kernel of linear_avx512.h, and what the AMX kernel needs besides the tiles
 #include <immintrin.h>
+#endif
+#if defined(STEPWISE_AVX512) && defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__linux__)
+#define STEPWISE_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -40,37 +44,7 @@ namespace {
 
 int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
-#ifdef STEPWISE_AMX
-constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-// How far ahead of the tile loads the weights are requested, in chunks (1 KiB of bfloat16, 512 B of int8 per
-// block): int8 needs the longer run-up because widening it costs time between loads. Picked by timing one
-// decode step's linears at one row (weights read from memory) on the build machine; noisy, roughly 1.1x each.
-constexpr int PREFETCH_BF16_CHUNKS = 2, PREFETCH_INT8_CHUNKS = 32;
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles: 0, 1 accumulate rows [0, a) against weight blocks 6, 7, from activations in 4;
-// 2, 3 rows [16, 16 + b) from activations in 5 (int4 with one tile of rows: a second group of the
-// same rows). Every tile row is 64 bytes (16 float32 accumulators, or 32 bfloat16 inputs, or 16
-// output pairs).
-struct Tiles {
-  int a = -1, b = -1;
-  void configure(int rows_a, int rows_b) {
-    if (rows_a == a && rows_b == b) return;
-    TileConfig cfg;
-    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
-    cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = static_cast<uint8_t>(rows_a);
-    cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = static_cast<uint8_t>(rows_b > 0 ? rows_b : 1);
-    cfg.rows[6] = cfg.rows[7] = 16;
-    _tile_loadconfig(&cfg);
-    a = rows_a, b = rows_b;
-  }
-};
-
+#ifdef STEPWISE_AVX512
 // Rounds `rows` accumulator rows (times the outputs' scales, if any) to bfloat16 into out[.., 0..cols).
 void store_rows(const float (*acc)[16], int rows, const float* scale, uint16_t* out, int64_t ldo, int64_t cols) {
   const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
@@ -112,6 +86,39 @@ void widen_int8(const int8_t* q, int64_t count, uint16_t* dst) {
     _mm512_storeu_si512(dst + i + 32, _mm512_unpackhi_epi8(lo, hi));
   }
 }
+
+#endif
+
+#ifdef STEPWISE_AMX
+constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+// How far ahead of the tile loads the weights are requested, in chunks (1 KiB of bfloat16, 512 B of int8 per
+// block): int8 needs the longer run-up because widening it costs time between loads. Picked by timing one
+// decode step's linears at one row (weights read from memory) on the build machine; noisy, roughly 1.1x each.
+constexpr int PREFETCH_BF16_CHUNKS = 2, PREFETCH_INT8_CHUNKS = 32;
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: 0, 1 accumulate rows [0, a) against weight blocks 6, 7, from activations in 4;
+// 2, 3 rows [16, 16 + b) from activations in 5 (int4 with one tile of rows: a second group of the
+// same rows). Every tile row is 64 bytes (16 float32 accumulators, or 32 bfloat16 inputs, or 16
+// output pairs).
+struct Tiles {
+  int a = -1, b = -1;
+  void configure(int rows_a, int rows_b) {
+    if (rows_a == a && rows_b == b) return;
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
+    cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = static_cast<uint8_t>(rows_a);
+    cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = static_cast<uint8_t>(rows_b > 0 ? rows_b : 1);
+    cfg.rows[6] = cfg.rows[7] = 16;
+    _tile_loadconfig(&cfg);
+    a = rows_a, b = rows_b;
+  }
+};
 
 // Where a tile's weights come from: packed bfloat16 in place, or int8 widened chunk by chunk into a 2 KiB buffer
 // that stays in L1 (one chunk: 32 inputs x 16 outputs, for each of the two blocks).
@@ -194,6 +201,7 @@ void multiply_blocks(const uint16_t* X, int64_t m, int64_t kp, Weights weights, 
 }  // namespace
 
 #include "linear_int4.h"  // int4 on the same tiles: Q4_1 groups (needs Tiles and store_rows above)
+#include "linear_avx512.h"  // the same packed weights on AVX-512 (float32 multiply-adds), where there is no AMX
 
 namespace {
 
@@ -225,10 +233,22 @@ at::Tensor pack(const at::Tensor& weight) {
   return stored.view(at::kChar).view(packed.sizes());
 }
 
+bool avx512_ready() {
+#ifdef STEPWISE_AVX512
+  return true;  // built with -march=native for this CPU, so the CPU has AVX-512 BF16
+#else
+  return false;
+#endif
+}
+
 // x [m, k] bfloat16 times a packed weight: bfloat16; int8 with one float32 scale per output (y = (x . q) * s);
-// or int4 records (`pack_int4`, uint8: y = sum over groups of d (x . q) + m (sum of x)).
-at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::optional<at::Tensor>& scales, int64_t n) {
-  TORCH_CHECK(ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
+// or int4 records (`pack_int4`, uint8: y = sum over groups of d (x . q) + m (sum of x)). `amx`: on the AMX tiles,
+// else with AVX-512 (`linear_avx512.h`: bfloat16 and int8).
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::optional<at::Tensor>& scales, int64_t n,
+                  bool amx) {
+  TORCH_CHECK(!amx || ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
+  TORCH_CHECK(amx || avx512_ready(), "the AVX-512 linear needs a CPU with AVX-512 BF16 and VBMI");
+  TORCH_CHECK(amx || packed.scalar_type() != at::kByte, "int4 runs on the AMX kernel only");
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kBFloat16, "x must be 2-D bfloat16");
   const bool int8 = packed.scalar_type() == at::kChar, int4 = packed.scalar_type() == at::kByte;
   TORCH_CHECK(int8 || int4 || packed.scalar_type() == at::kBFloat16, "the packed weight must be bfloat16, int8 or int4");
@@ -239,7 +259,7 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   TORCH_CHECK(k <= kp && kp - k < 32 && n <= blocks * 16 && n > blocks * 16 - 16, "x or n does not fit the weight");
   TORCH_CHECK(!int4 || k == kp, "int4 takes whole groups of 32 inputs");
   auto out = at::empty({m, n}, x_in.options());
-#ifdef STEPWISE_AMX
+#ifdef STEPWISE_AVX512
   if (m == 0) return out;
   at::Tensor x = x_in.contiguous();
   if (kp != k) x = at::constant_pad_nd(x, {0, kp - k}, 0);  // zero inputs meet the weight's zero padding
@@ -248,6 +268,13 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   const auto* X = reinterpret_cast<const uint16_t*>(x.data_ptr());
   auto* O = reinterpret_cast<uint16_t*>(out.data_ptr());
   const float* S = int8 ? scale.data_ptr<float>() : nullptr;
+  if (!amx) {
+    const at::Tensor xf = x.to(at::kFloat);  // exact
+    linear_avx512(xf.data_ptr<float>(), m, kp, packed.const_data_ptr(), int8, blocks, S, n, O);
+    return out;
+  }
+#endif
+#ifdef STEPWISE_AMX
   const int64_t block_elems = kp * 16, pairs = (blocks + 1) / 2, block_records = kp / 32 * INT4_RECORD;
   std::vector<float> group_sums(int4 ? m * (kp / 32) : 0);
   if (int4) sum_groups(X, m, kp, group_sums.data());
@@ -299,7 +326,9 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
 // Python functions, not torch.ops operators (common/native says why); kernels let go of the interpreter lock.
 PYBIND11_MODULE(STEPWISE_MODULE, m) {
   m.def("ready", &ready);
+  m.def("avx512_ready", &avx512_ready);
   m.def("pack", &pack);
   m.def("pack_int4", &pack_int4);
-  m.def("linear", &linear, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("linear", &linear, pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("scales"), pybind11::arg("n"),
+        pybind11::arg("amx") = true, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -1,0 +1,141 @@
+// Linears on AVX-512, for CPUs without AMX (AMD Zen 4 and later, Intel Cooper Lake, Xeons whose hypervisor hides
+// AMX), part of linear.cpp. The same weights in the same packed layout as the AMX kernel, [out / 16][in / 2][16][2]
+// (int8 in its widening order), so one `pack` serves both.
+//
+// Each 64-byte line of the packed layout holds an input pair of 16 outputs; widened to float32 in registers (a
+// shift, a mask: exact), it gives two vectors of 16 weights, and each meets one input of a row (broadcast) in a
+// float32 fused multiply-add into those 16 outputs' accumulators. So every output's accumulator runs through the
+// inputs in order, from zero, one rounding per input: the order is fixed by construction and no other row takes
+// part, so a row gets the same bits in a call of any size. Registers hold AVX_ROWS rows x AVX_BLOCKS blocks of
+// accumulators; a call of more rows repeats the pass over the same weights (from cache). No split over the inputs,
+// no reduction across threads: threads take whole groups of blocks.
+//
+// Why float32 multiply-adds and not VDPBF16PS (one instruction per input pair): on the build machine (a Xeon
+// whose VM hides AMX) a step's linears at 32 rows took 48-66 ms this way against 63-77 ms with VDPBF16PS and
+// 70-97 ms with oneDNN, and the same at one row (memory-bound). Not the AMX kernel's bits; each machine runs one
+// kernel (`ready()` picks AMX where it can), and every stage and the reference run the same one.
+#pragma once
+
+namespace {
+
+#ifdef STEPWISE_AVX512
+constexpr int AVX_ROWS = 6, AVX_BLOCKS = 4;  // 24 accumulators of the 32 registers
+constexpr int64_t AVX_PREFETCH_BYTES = 1024;  // how far ahead of its loads each block's weights are requested
+
+// Two input pairs (p, p + 1) of one block's packed weights, as bfloat16 vectors: read in place, or int8 widened
+// in registers (`widen_int8`'s order: 64 bytes hold pairs p and p + 1).
+struct Bf16Pairs {
+  static constexpr int64_t bytes_per_pair = 64;
+  static void load(const void* block, int64_t p, __m512i& a, __m512i& b) {
+    const auto* w = static_cast<const uint16_t*>(block) + p * 32;
+    a = _mm512_loadu_si512(w), b = _mm512_loadu_si512(w + 32);
+  }
+};
+
+struct Int8Pairs {
+  static constexpr int64_t bytes_per_pair = 32;
+  static void load(const void* block, int64_t p, __m512i& a, __m512i& b) {
+    const __m512i s = _mm512_loadu_si512(static_cast<const int8_t*>(block) + p * 32);
+    const __m512i low0 = _mm512_load_si512(kWidening.low), low1 = _mm512_load_si512(kWidening.low + 64);
+    const __m512i high0 = _mm512_load_si512(kWidening.high), high1 = _mm512_load_si512(kWidening.high + 64);
+    const __m512i lo = _mm512_permutex2var_epi8(low0, s, low1);
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high0, s, high1), s,
+                                                 _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+    a = _mm512_unpacklo_epi8(lo, hi), b = _mm512_unpackhi_epi8(lo, hi);
+  }
+};
+
+// Four inputs (2p .. 2p + 3) of a block's 16 outputs, as float32: bfloat16 is float32's upper half, so the
+// even input of each packed pair is the pair shifted left, the odd one the pair with its low half cleared.
+template <typename Pairs>
+inline void widen_four(const void* block, int64_t p, __m512 (&w)[4]) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512i a, b;
+  Pairs::load(block, p, a, b);
+  w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), w[1] = _mm512_castsi512_ps(_mm512_and_si512(a, high));
+  w[2] = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), w[3] = _mm512_castsi512_ps(_mm512_and_si512(b, high));
+}
+
+// R rows of x (float32, row stride kp) times C blocks of 16 outputs, into acc[r][c]: one fused multiply-add per
+// input, in input order, from zero. The weights are widened in registers on every pass over the rows: widening
+// them once into a float32 copy in L2 and reading that on each pass was slower (timed on the build machine).
+template <int R, int C, typename Pairs>
+void dot_rows(const float* X, int64_t kp, const void* const* blocks, __m512 (&acc)[R][C]) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp / 2; p += 2) {
+    __m512 w[C][4];
+    for (int c = 0; c < C; ++c) {
+      if ((p * Pairs::bytes_per_pair) % 64 == 0)
+        _mm_prefetch(static_cast<const char*>(blocks[c]) + p * Pairs::bytes_per_pair + AVX_PREFETCH_BYTES,
+                     _MM_HINT_T0);
+      widen_four<Pairs>(blocks[c], p, w[c]);
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int r = 0; r < R; ++r) {
+        const __m512 xi = _mm512_set1_ps(X[r * kp + 2 * p + i]);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xi, w[c][i], acc[r][c]);
+      }
+  }
+}
+
+// All m rows times C blocks (output columns from col0): passes of up to AVX_ROWS rows (later passes find the
+// weights in cache).
+template <int C, typename Pairs>
+void multiply_avx512(const float* X, int64_t m, int64_t kp, const char* W, int64_t block_bytes, int64_t col0,
+                     int64_t n, const float* scale, uint16_t* O) {
+  const void* blocks[C];
+  for (int c = 0; c < C; ++c) blocks[c] = W + c * block_bytes;
+  alignas(64) float acc_rows[AVX_ROWS][C][16];
+  for (int64_t row0 = 0; row0 < m; row0 += AVX_ROWS) {
+    const int rows = static_cast<int>(std::min<int64_t>(AVX_ROWS, m - row0));
+    const float* Xr = X + row0 * kp;
+    auto run = [&](auto rows_constant) {
+      constexpr int R = decltype(rows_constant)::value;
+      __m512 acc[R][C];
+      dot_rows<R, C, Pairs>(Xr, kp, blocks, acc);
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) _mm512_store_ps(acc_rows[r][c], acc[r][c]);
+    };
+    switch (rows) {
+      case 6: run(std::integral_constant<int, 6>()); break;
+      case 5: run(std::integral_constant<int, 5>()); break;
+      case 4: run(std::integral_constant<int, 4>()); break;
+      case 3: run(std::integral_constant<int, 3>()); break;
+      case 2: run(std::integral_constant<int, 2>()); break;
+      default: run(std::integral_constant<int, 1>()); break;
+    }
+    for (int c = 0; c < C; ++c) {
+      const int64_t col = col0 + 16 * c, cols = std::min<int64_t>(16, n - col);
+      if (cols <= 0) continue;
+      for (int r = 0; r < rows; ++r)
+        store_rows(&acc_rows[r][c], 1, scale ? scale + col : nullptr, O + (row0 + r) * n + col, n, cols);
+    }
+  }
+}
+
+// x [m, kp] (float32, padded) times every block of a packed weight, bfloat16 or int8 (then scaled per output).
+void linear_avx512(const float* X, int64_t m, int64_t kp, const void* W, bool int8, int64_t blocks,
+                   const float* scale, int64_t n, uint16_t* O) {
+  const int64_t block_bytes = kp * 16 * (int8 ? 1 : 2), groups = (blocks + AVX_BLOCKS - 1) / AVX_BLOCKS;
+  const char* base = static_cast<const char*>(W);
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t block = g * AVX_BLOCKS, here = std::min<int64_t>(AVX_BLOCKS, blocks - block);
+      const char* Wg = base + block * block_bytes;
+      if (here == AVX_BLOCKS) {
+        if (int8) multiply_avx512<AVX_BLOCKS, Int8Pairs>(X, m, kp, Wg, block_bytes, block * 16, n, scale, O);
+        else multiply_avx512<AVX_BLOCKS, Bf16Pairs>(X, m, kp, Wg, block_bytes, block * 16, n, scale, O);
+        continue;
+      }
+      for (int64_t b = 0; b < here; ++b) {  // the last blocks, one at a time
+        const char* Wb = Wg + b * block_bytes;
+        if (int8) multiply_avx512<1, Int8Pairs>(X, m, kp, Wb, block_bytes, (block + b) * 16, n, scale, O);
+        else multiply_avx512<1, Bf16Pairs>(X, m, kp, Wb, block_bytes, (block + b) * 16, n, scale, O);
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace

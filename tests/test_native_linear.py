@@ -1,0 +1,124 @@
+"""Our linears (common/native/linear.cpp: AMX, and linear_avx512.h where there is no AMX): a row's bits never
+depend on the call's other rows, and the result is the product torch computes in float32, within bfloat16
+rounding. Each test runs on every kernel this CPU has (the AVX-512 one on AMX machines too, through
+STEPWISE_LINEAR=avx512); where it has neither, torch's linears run (tests/test_invariance.py and
+tests/test_quant.py cover those)."""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from common import native
+from common.invariant import Linear
+from common.quant import Int8Linear
+
+KERNELS = [name for name, available in (("AMX", native.amx_linear_ready()),
+                                        ("AVX-512", native.load(native.LINEAR_SOURCE) and
+                                         native.kernels(native.LINEAR_SOURCE).avx512_ready())) if available]
+pytestmark = pytest.mark.skipif(not KERNELS, reason="neither AMX-BF16 nor AVX-512 BF16 on this CPU (or no compiler)")
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (100, 70), (16, 32), (33, 64), (80, 64)]
+
+
+@pytest.fixture(params=KERNELS or ["none"])
+def kernel(request, monkeypatch):
+    if request.param == "AVX-512":
+        monkeypatch.setenv("STEPWISE_LINEAR", "avx512")
+    assert native.linear_kernel() == request.param
+    return request.param
+
+
+def build(kind: str, weight: torch.Tensor, plain: bool = False):
+    return Linear(weight.bfloat16(), plain) if kind == "bfloat16" else Int8Linear(weight, plain=plain)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(1, 300), pick=st.integers(0, 299), shape=st.sampled_from(SHAPES),
+       kind=st.sampled_from(["bfloat16", "int8"]), seed=st.integers(0, 2**32 - 1),
+       scale=st.sampled_from([1e-2, 1.0, 30.0]))
+def test_row_has_the_same_bits_in_a_call_of_any_size(kernel, rows, pick, shape, kind, seed, scale):
+    """Calls of many rows take several passes and tails (of rows, of output blocks); none of it may change a row."""
+    if kind != "bfloat16" and (shape[1] % 32 or shape[0] % 16):
+        return  # the quantized linears take whole groups of 32 inputs and 16 outputs (tests/test_quant.py)
+    gen = torch.Generator().manual_seed(seed)
+    out_features, in_features = shape
+    linear = build(kind, torch.randn(out_features, in_features, generator=gen) * in_features ** -0.5)
+    assert linear.backend.startswith(kernel)
+    x = (torch.randn(rows, in_features, generator=gen) * scale).bfloat16()
+    i = pick % rows
+    batched = linear.matmul(x)
+    assert batched.shape == (rows, out_features)
+    assert torch.equal(linear.matmul(x[i:i + 1])[0], batched[i])
+    eye = torch.eye(in_features).bfloat16()
+    weight = linear.dequantized() if kind != "bfloat16" else linear.matmul(eye).t().float()
+    torch.testing.assert_close(batched.float(), x.float() @ weight.t(), rtol=1.6e-2, atol=1e-2 * scale)
+
+
+def test_int8_holds_torchs_weights_and_matches_its_kernel_within_rounding(kernel):
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(3072, 576, generator=gen) * 0.05
+    ours, torchs = build("int8", w), build("int8", w, plain=True)
+    assert ours.backend.startswith(kernel) and "torch" in torchs.backend
+    assert torch.equal(ours.dequantized(), torchs.dequantized())  # the same weights, in another layout
+    ids = torch.tensor([0, 15, 16, 3071, 17])
+    assert torch.equal(ours.rows(ids), torchs.qweight[ids])  # the embedding lookup reads the packed copy
+    x = torch.randn(40, 576, generator=gen).bfloat16()
+    torch.testing.assert_close(ours.matmul(x).float(), torchs.matmul(x).float(), rtol=1.6e-2, atol=1e-3)
+
+
+def test_every_int8_value_widens_exactly(kernel):
+    """The kernel widens sign-and-magnitude bytes through two 128-entry tables: each of -127..127 must come
+    back as itself (scale 1: every row's largest magnitude is 127), in every position of the packed order."""
+    values = torch.arange(-127, 128).float()
+    w = torch.stack([torch.cat([values.roll(i), torch.zeros(1)]) for i in range(16)])  # [16, 256]
+    linear = build("int8", w)
+    assert torch.equal(linear.scales.float(), torch.ones(16))
+    assert torch.equal(linear.matmul(torch.eye(256).bfloat16()).t().float(), w)
+    assert torch.equal(linear.rows(torch.arange(16)).float(), w)
+
+
+def test_plain_math_keeps_torchs_own_linears():
+    w = torch.randn(64, 64)
+    assert Linear(w.bfloat16(), plain=True).backend == "oneDNN prepacked"
+    assert Int8Linear(w, plain=True).backend == "torch Int8 kernel"
+
+
+def test_bad_shapes_fail_clearly(kernel):
+    linear = Linear(torch.randn(48, 64).bfloat16())
+    kernels, amx = native.kernels(native.LINEAR_SOURCE), kernel == "AMX"
+    with pytest.raises(RuntimeError, match="does not fit"):
+        kernels.linear(torch.randn(2, 128).bfloat16(), linear.ours, None, 48, amx)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernels.linear(torch.randn(2, 64), linear.ours, None, 48, amx)
+    with pytest.raises(RuntimeError, match="-127..127"):  # -128 has no sign-and-magnitude byte
+        kernels.pack(torch.full((16, 32), -128, dtype=torch.int8))
+    if not amx:
+        records = torch.zeros(3, 2, 320, dtype=torch.uint8)
+        with pytest.raises(RuntimeError, match="int4 runs on the AMX kernel only"):
+            kernels.linear(torch.randn(2, 64).bfloat16(), records, None, 48, False)
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "int8"])
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (100, 70), (80, 64)])
+def test_a_rows_order_of_sums_shows_and_never_depends_on_the_call(kernel, kind, shape):
+    """float32 sums rounded to bfloat16 hide most changes of order (a one-ulp difference in float32 rarely moves
+    the bfloat16 result), so the random rows of the test above could miss a kernel that sums some rows in another
+    order. Here each row adds +B w and later -B w (B = 2^20): every product in between is added to a partial sum
+    of about B |w|, whose rounding (about 2^-8 of the result) depends on what was added before it, so a change in
+    the order of any of those additions shows in the bfloat16 result."""
+    if kind != "bfloat16" and (shape[1] % 32 or shape[0] % 16):
+        return
+    out_features, in_features = shape
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(out_features, in_features, generator=gen) * in_features ** -0.5
+    first, last = 1, in_features - 2
+    w[:, last] = w[:, first]
+    linear = build(kind, w)
+    x = torch.randn(40, in_features, generator=gen)
+    x[:, first], x[:, last] = 2.0 ** 20, -2.0 ** 20
+    x = x.bfloat16()
+    alone = torch.cat([linear.matmul(x[i:i + 1]) for i in range(40)])
+    for rows in (2, 3, 5, 6, 7, 13, 40):
+        assert torch.equal(linear.matmul(x[:rows]), alone[:rows]), rows
+    # and the test can fail: the same products summed in another order (the inputs between the two large ones
+    # reversed, in x and in the weight alike) give other bits
+    order = torch.cat([torch.arange(first + 1), torch.arange(first + 1, last).flip(0), torch.arange(last, in_features)])
+    assert not torch.equal(build(kind, w[:, order]).matmul(x[:, order]), alone)
