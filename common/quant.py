@@ -25,9 +25,10 @@ from that same table. Norms stay in the model dtype.
 
 Kernels on CUDA: Triton kernels that widen the weights in registers (``common.quant_cuda``), int4
 on the GGUF's own bytes with its fp16 ``d`` and ``m`` unrounded. Kernels on a CPU with Intel AMX:
-our own (``common/native/linear.cpp``, int4 in ``linear_int4.h``). int8: the weights are widened to bfloat16 (exactly) a
-tile at a time and multiplied like the bfloat16 linear, then scaled per output; on a CPU with AVX-512 and no AMX,
-the same packed int8 weights widen in registers for ``linear_avx512.h``'s kernel (int4 there is torch's). int4: the codes
+our own (``common/native/linear.cpp``, int4 in ``linear_int4.h``). int8: the weights are widened to
+bfloat16 (exactly) a tile at a time and multiplied like the bfloat16 linear, then scaled per output;
+on a CPU with AVX-512 and no AMX, the same packed int8 weights widen in registers for
+``linear_avx512.h``'s kernel (int4 there is torch's). int4: the codes
 are widened to bfloat16 (exactly: 0..15), each tile product is one group's ``x . q``, and the
 outputs add ``d * (x . q) + m * sum(x)`` group by group in float32; one request's row takes
 several groups per tile round trip, with the same bits. Elsewhere, and in plain mode, torch's
