@@ -19,8 +19,8 @@ tile or over the tiles in order:
    rows for one KV head), and each query tile is paired with every key tile it can
    reach. One ``bmm`` over all pairs gives the scores, ``[pairs, rows, KEY_TILE]``;
    its reduction over the head dimension has one fixed length, and the matmul gives
-   a row the same bits whatever the number of pairs or rows (checked at load, see
-   ``common.invariant``).
+   a row the same bits whatever the number of pairs (checked with the row counts,
+   ``decode_tile_rows``).
 2. Each row's maximum over all its pairs (a max is exact in any order), then
    ``p = exp((s - max) * scale)``, its per-tile sum, and a second ``bmm`` per pair:
    ``P·V`` over one key tile.
@@ -32,8 +32,11 @@ tile or over the tiles in order:
 Two kinds of query tile keep the gathered K/V small: a decoding sequence has one token
 per stream (a tile of ``group`` rows), a prefilling one has tiles of up to
 ``QUERY_TOKENS`` tokens (so a long prompt gathers each key tile once per 64 tokens, not
-once per token). A tile has at least ``MIN_ROWS`` rows: float32 ``bmm`` takes a
-matrix-vector path, with other bits, at one or two rows.
+once per token). A prefill tile always has ``QUERY_TOKENS * group`` rows (padded), and a decode
+tile the fewest rows, at least ``group``, at which ``bmm`` gives each row the bits it gets in a
+prefill tile: float32 ``bmm`` takes a matrix-vector path, with other bits, at up to two rows on one
+CPU and up to three on another, so the count is checked once per process on the machine that runs
+it (``decode_tile_rows``), never assumed.
 """
 from __future__ import annotations
 
@@ -44,11 +47,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import native
+from common import invariant, native
 
 KEY_TILE = 64  # keys per tile: the fixed reduction length of both matmuls
 QUERY_TOKENS = 64  # tokens per query tile of a prefilling sequence
-MIN_ROWS = 3  # query tiles are padded to at least this many rows
+_decode_rows: dict[tuple, int] = {}  # (device type, group, head_dim, cache dtype) -> rows of a decode tile
 
 
 @dataclass
@@ -86,8 +89,9 @@ class AttentionMetadata:
     def build(cls, query_lens: list[int], context_lens: list[int], num_heads: int, num_kv_heads: int,
               chunk_table: np.ndarray, chunk_len: int, head_stride: int,
               device: torch.device | str = "cpu", batch_invariant: bool = True,
-              native: bool | None = None) -> "AttentionMetadata":
-        """native: the compiled CPU kernel (None: wherever it runs, see ``common.native``), or the tensor-op tiles."""
+              native: bool | None = None, *, head_dim: int, kv_dtype: torch.dtype) -> "AttentionMetadata":
+        """native: the compiled CPU kernel (None: wherever it runs, see ``common.native``), or the tensor-op tiles;
+        head_dim and kv_dtype (the cache's) size the tensor-op tiles."""
         assert KEY_TILE % chunk_len == 0, "a key tile must be whole chunks"
         if not batch_invariant:
             return cls(list(query_lens), list(context_lens), [], None,
@@ -101,10 +105,11 @@ class AttentionMetadata:
         n, ctx = np.asarray(query_lens), np.asarray(context_lens)
         first_token = np.concatenate([[0], np.cumsum(n)[:-1]])
         geometry = (num_heads, num_kv_heads, chunk_table, chunk_len, head_stride)
+        decode_rows = decode_tile_rows(torch.device(device), num_heads // num_kv_heads, head_dim, kv_dtype)
         groups, out_rows = [], []
         for seqs, tile_tokens in ((np.flatnonzero(n == 1), 1), (np.flatnonzero(n > 1), QUERY_TOKENS)):
             if seqs.size:
-                group, q_rows = _tile_group(seqs, n, ctx, first_token, tile_tokens, geometry, device)
+                group, q_rows = _tile_group(seqs, n, ctx, first_token, tile_tokens, decode_rows, geometry, device)
                 groups.append(group)
                 out_rows.append(q_rows)
         # Invert "tile row -> q row" so the output is gathered in q's row order with one index_select
@@ -118,11 +123,11 @@ class AttentionMetadata:
                    None if in_order else torch.from_numpy(out_index).to(device))
 
 
-def _tile_group(seqs, n, ctx, first_token, tile_tokens, geometry, device) -> tuple[TileGroup, np.ndarray]:
+def _tile_group(seqs, n, ctx, first_token, tile_tokens, decode_rows, geometry, device) -> tuple[TileGroup, np.ndarray]:
     """Query tiles of ``tile_tokens`` tokens for sequences ``seqs``, paired with the key tiles they reach."""
     num_heads, kvh, chunk_table, chunk_len, head_stride = geometry
     group = num_heads // kvh
-    rows = max(tile_tokens * group, MIN_ROWS)
+    rows = tile_tokens * group if tile_tokens > 1 else decode_rows
     # Tiles of one KV head: (sequence, first token of the tile, tokens in it).
     per_seq = -(-n[seqs] // tile_tokens)
     seq = np.repeat(seqs, per_seq)
@@ -160,6 +165,30 @@ def _tile_group(seqs, n, ctx, first_token, tile_tokens, geometry, device) -> tup
     return TileGroup(rows, tiles, max_reach, t(q_rows[pair_tile]), t(chunks), t(pair_tile),
                      t(np.broadcast_to(pair_tile[:, None], (pair_tile.size, rows))),
                      t(pair_tile * max_reach + key_tile), t(masked)), out
+
+
+def decode_tile_rows(device: torch.device, group: int, head_dim: int, kv_dtype: torch.dtype) -> int:
+    """Rows of a decode tile: the fewest, from ``group`` up, at which both ``bmm`` (float32 scores, P·V in the
+    cache's dtype) give every row, wherever it sits, the bits it gets in a prefill tile of this machine. Rows whose
+    products partly cancel make a change of summation order show in the rounded result."""
+    key = (device.type, group, head_dim, kv_dtype)
+    if key not in _decode_rows:
+        full = QUERY_TOKENS * group
+        q = invariant.order_revealing_rows(2 * full, head_dim, seed=1).view(2, full, head_dim).to(device)
+        k = invariant.order_revealing_rows(2 * KEY_TILE, head_dim, seed=2).view(2, KEY_TILE, head_dim).to(device)
+        p = invariant.order_revealing_rows(2 * full, KEY_TILE, seed=3).view(2, full, KEY_TILE).to(device, kv_dtype)
+        v = invariant.order_revealing_rows(2 * head_dim, KEY_TILE, seed=4).view(2, head_dim, KEY_TILE)
+        v = v.transpose(1, 2).contiguous().to(device, kv_dtype)
+        products = ((q, k.transpose(1, 2)), (p, v))
+        expected = [torch.bmm(a, b) for a, b in products]
+
+        def same_bits(rows: int) -> bool:
+            return all(torch.equal(torch.bmm(a[pairs, at:at + rows].contiguous(), b[pairs]), e[pairs, at:at + rows])
+                       for (a, b), e in zip(products, expected) for at in (0, full - rows)
+                       for pairs in (slice(0, 2), slice(1, 2)))
+
+        _decode_rows[key] = next((rows for rows in range(group, full) if same_bits(rows)), full)
+    return _decode_rows[key]
 
 
 def attention(q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor,

@@ -42,7 +42,8 @@ class ContiguousKVCache:
         width = -(-max(context_lens) // KEY_TILE)
         table = (np.asarray(slots)[:, None] * c.num_key_value_heads * tiles_per_row + np.arange(width))
         self.meta = AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, c.num_key_value_heads,
-                                            table, KEY_TILE, tiles_per_row, dev, self.batch_invariant)
+                                            table, KEY_TILE, tiles_per_row, dev, self.batch_invariant,
+                                            head_dim=c.head_dim, kv_dtype=self.k.dtype)
         self.write_slot = torch.tensor([s for s, n in zip(slots, query_lens) for _ in range(n)], device=dev)
         self.write_pos = torch.tensor([p for n, ctx in zip(query_lens, context_lens)
                                        for p in range(ctx - n, ctx)], device=dev)

@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from common import native, ops
-from common.attention import AttentionMetadata, attention
+from common import attention as attention_module
+from common.attention import AttentionMetadata, attention, decode_tile_rows
 from common.invariant import CANDIDATE_TILES, ROW_TILE, Linear, choose_row_tile, find_row_tile, order_revealing_rows
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -112,7 +113,7 @@ class PagedStorage:
             pos = np.arange(n) * g
             table[i, :n] = np.asarray(self.tables[s])[pos // bs] * self.kvh * (bs // g) + (pos % bs) // g
         meta = AttentionMetadata.build(query_lens, context_lens, num_heads, self.kvh, table, g, bs // g,
-                                       native=native)
+                                       native=native, head_dim=self.d, kv_dtype=self.k.dtype)
         return attention(q, self.k.view(-1, g, self.d), self.v.view(-1, g, self.d), meta)
 
 
@@ -150,6 +151,21 @@ def test_attention_is_exact_and_batch_invariant(seqs, heads, d, block_size, dtyp
             first = store.run(mine[:cut], [s], [cut], [c - n + cut], nh, native)
             second = store.run(mine[cut:], [s], [n - cut], [c], nh, native)
             assert torch.equal(torch.cat([first, second]), alone)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group, below", [(3, 7), (3, 2), (9, 11)])
+def test_decode_tiles_are_padded_until_bmm_keeps_every_rows_bits(monkeypatch, kv_dtype, group, below):
+    """The rows of a decode tile are checked, not assumed: under a bmm that sums each product in one order, but in
+    reverse below a few rows (as a matrix-vector path may take another order), decode tiles get the fewest rows,
+    from the group's up, at which the order is the prefill tile's."""
+    def other_order_below(a, b):
+        products = a.unsqueeze(-1) * b.unsqueeze(-3)  # [pairs, rows, inner, cols], summed over inner
+        return (products.flip(-2) if a.shape[1] < below else products).sum(-2)
+
+    monkeypatch.setattr(torch, "bmm", other_order_below)
+    monkeypatch.setattr(attention_module, "_decode_rows", {})
+    assert decode_tile_rows(torch.device("cpu"), group, 32, kv_dtype) == max(group, below)
 
 
 @pytest.mark.skipif(True not in IMPLEMENTATIONS, reason="the compiled CPU attention did not build here")
@@ -210,7 +226,8 @@ def test_plain_attention_matches_torch(seqs, heads, block_size, dtype, seed):
     for i in range(len(seqs)):
         pos = np.arange(-(-ctx[i] // g)) * g
         table[i, :pos.size] = np.asarray(store.tables[i])[pos // bs] * nkv * (bs // g) + (pos % bs) // g
-    meta = AttentionMetadata.build(qlens, ctx, nh, nkv, table, g, bs // g, batch_invariant=False)
+    meta = AttentionMetadata.build(qlens, ctx, nh, nkv, table, g, bs // g, batch_invariant=False, head_dim=d,
+                                   kv_dtype=dtype)
     out = attention(q, store.k.view(-1, g, d), store.v.view(-1, g, d), meta)
     t0 = 0
     for s, (n, c) in enumerate(zip(qlens, ctx)):

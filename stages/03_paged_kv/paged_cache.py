@@ -71,7 +71,8 @@ class PagedKVCache:
             n = min(width, -(-context_lens[i] // g))
             table[i, :n] = blocks[chunk_pos[:n] // bs] * c.num_key_value_heads * (bs // g) + (chunk_pos[:n] % bs) // g
         return AttentionMetadata.build(query_lens, context_lens, c.num_attention_heads, c.num_key_value_heads,
-                                       table, g, bs // g, self.k.device, self.batch_invariant)
+                                       table, g, bs // g, self.k.device, self.batch_invariant,
+                                       head_dim=c.head_dim, kv_dtype=self.k.dtype)
 
     def chunks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's keys and values as [chunks, chunk_len, head_dim], the attention's view."""
