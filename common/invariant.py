@@ -100,7 +100,8 @@ class Linear(RowTiled):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """One kernel call on all of x's rows."""
         if self.ours is not None:
-            return self.native_kernels.linear(x, self.ours, None, self.out_features, self.kernel_name == "AMX")
+            return self.native_kernels.linear(x, self.ours, None, self.out_features,
+                                              native.LINEAR_KERNELS[self.kernel_name])
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return torch.mm(x, self.weight_t)

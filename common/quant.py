@@ -165,7 +165,7 @@ class Int8Linear(QuantizedLinear):
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.ours is not None:
             return self.native_kernels.linear(x, self.ours, self._scales_f32, self.out_features,
-                                              self.kernel_name == "AMX")
+                                              native.LINEAR_KERNELS[self.kernel_name])
         if self.triton is not None:
             return self.triton.int8_linear(x, self._qweight, self._scales_f32)
         if x.data_ptr() % 64:  # torch's int8 kernel reads rows with aligned vector loads

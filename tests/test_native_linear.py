@@ -1,8 +1,8 @@
-"""Our linears (common/native/linear.cpp: AMX, and linear_avx512.h where there is no AMX): a row's bits never
-depend on the call's other rows, and the result is the product torch computes in float32, within bfloat16
-rounding. Each test runs on every kernel this CPU has (the AVX-512 one on AMX machines too, through
-STEPWISE_LINEAR=avx512); where it has neither, torch's linears run (tests/test_invariance.py and
-tests/test_quant.py cover those)."""
+"""Our linears (common/native/linear.cpp: AMX, and linear_avx512.h's two kernels where there is no AMX): a row's
+bits never depend on the call's other rows, and the result is the product torch computes in float32, within
+bfloat16 rounding. Each test runs on every kernel this CPU has (the AVX-512 ones on AMX machines too, through
+STEPWISE_LINEAR); where it has none, torch's linears run (tests/test_invariance.py and tests/test_quant.py cover
+those)."""
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -11,17 +11,17 @@ from common import native
 from common.invariant import Linear
 from common.quant import Int8Linear
 
-KERNELS = [name for name, available in (("AMX", native.amx_linear_ready()),
-                                        ("AVX-512", native.load(native.LINEAR_SOURCE) and
-                                         native.kernels(native.LINEAR_SOURCE).avx512_ready())) if available]
+AVX512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
+KERNELS = [name for name, available in (("AMX", native.amx_linear_ready()), ("AVX-512 BF16", AVX512),
+                                        ("AVX-512 FMA", AVX512)) if available]
 pytestmark = pytest.mark.skipif(not KERNELS, reason="neither AMX-BF16 nor AVX-512 BF16 on this CPU (or no compiler)")
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (100, 70), (16, 32), (33, 64), (80, 64)]
 
 
 @pytest.fixture(params=KERNELS or ["none"])
 def kernel(request, monkeypatch):
-    if request.param == "AVX-512":
-        monkeypatch.setenv("STEPWISE_LINEAR", "avx512")
+    if request.param != "AMX":
+        monkeypatch.setenv("STEPWISE_LINEAR", native.LINEAR_KERNELS[request.param])
     assert native.linear_kernel() == request.param
     return request.param
 
@@ -83,17 +83,28 @@ def test_plain_math_keeps_torchs_own_linears():
 
 def test_bad_shapes_fail_clearly(kernel):
     linear = Linear(torch.randn(48, 64).bfloat16())
-    kernels, amx = native.kernels(native.LINEAR_SOURCE), kernel == "AMX"
+    kernels, name = native.kernels(native.LINEAR_SOURCE), native.LINEAR_KERNELS[kernel]
     with pytest.raises(RuntimeError, match="does not fit"):
-        kernels.linear(torch.randn(2, 128).bfloat16(), linear.ours, None, 48, amx)
+        kernels.linear(torch.randn(2, 128).bfloat16(), linear.ours, None, 48, name)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        kernels.linear(torch.randn(2, 64), linear.ours, None, 48, amx)
+        kernels.linear(torch.randn(2, 64), linear.ours, None, 48, name)
+    with pytest.raises(RuntimeError, match="kernel must be amx, fma or dot"):
+        kernels.linear(torch.randn(2, 64).bfloat16(), linear.ours, None, 48, "fast")
     with pytest.raises(RuntimeError, match="-127..127"):  # -128 has no sign-and-magnitude byte
         kernels.pack(torch.full((16, 32), -128, dtype=torch.int8))
-    if not amx:
+    if kernel != "AMX":
         records = torch.zeros(3, 2, 320, dtype=torch.uint8)
         with pytest.raises(RuntimeError, match="int4 runs on the AMX kernel only"):
-            kernels.linear(torch.randn(2, 64).bfloat16(), records, None, 48, False)
+            kernels.linear(torch.randn(2, 64).bfloat16(), records, None, 48, name)
+
+
+def test_the_kernel_follows_from_the_cpu_and_a_bad_choice_is_named(monkeypatch):
+    monkeypatch.delenv("STEPWISE_LINEAR", raising=False)
+    first = native.linear_kernel()
+    assert first == native.linear_kernel() and first in (None, *native.LINEAR_KERNELS)
+    monkeypatch.setenv("STEPWISE_LINEAR", "fastest")
+    with pytest.raises(ValueError, match="STEPWISE_LINEAR='fastest': use auto, dot, fma or torch"):
+        native.linear_kernel()
 
 
 @pytest.mark.parametrize("kind", ["bfloat16", "int8"])

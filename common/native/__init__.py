@@ -51,17 +51,30 @@ def enabled(device: torch.device) -> bool:
     return load()
 
 
+# Our linear kernels, by the name the engine shows, and the `kernel` argument of linear.cpp's `linear` for each.
+LINEAR_KERNELS = {"AMX": "amx", "AVX-512 BF16": "dot", "AVX-512 FMA": "fma"}
+
+
 def linear_kernel() -> str | None:
-    """Which of our linear kernels (``linear.cpp``) this CPU runs for bfloat16 and int8 weights: "AMX" (the CPU
-    has AMX-BF16 and Linux granted the tile state), else "AVX-512" (``linear_avx512.h``), else None: torch's
-    linears run. ``STEPWISE_LINEAR=avx512`` skips AMX, ``STEPWISE_LINEAR=torch`` skips both."""
+    """Which of our linear kernels (``linear.cpp``) this CPU runs for bfloat16 and int8 weights: "AMX" where the
+    CPU has AMX-BF16 and Linux granted the tile state; else, with AVX-512 BF16 (``linear_avx512.h``), "AVX-512 BF16"
+    (VDPBF16PS, one instruction per input pair) on AMD's CPUs and "AVX-512 FMA" (float32 multiply-adds) on
+    Intel's, the faster of the two on each where measured (``linear_avx512.h``); else None: torch's linears run.
+    The choice follows from the CPU alone, so one machine always gives the same bits. ``STEPWISE_LINEAR=dot``,
+    ``fma`` or ``torch`` overrides it."""
     choice = os.environ.get("STEPWISE_LINEAR", "auto")
+    if choice not in ("auto", "dot", "fma", "torch"):
+        raise ValueError(f"STEPWISE_LINEAR={choice!r}: use auto, dot, fma or torch")
     if choice == "torch" or not load(LINEAR_SOURCE):
         return None
     module = kernels(LINEAR_SOURCE)
-    if choice != "avx512" and module.ready():
+    if choice == "auto" and module.ready():
         return "AMX"
-    return "AVX-512" if module.avx512_ready() else None
+    if not module.avx512_ready():
+        return None
+    if choice == "auto":
+        choice = "dot" if "AMD" in cpu_identity().splitlines()[0] else "fma"
+    return "AVX-512 BF16" if choice == "dot" else "AVX-512 FMA"
 
 
 def amx_linear_ready() -> bool:

@@ -245,7 +245,9 @@ bool avx512_ready() {
 // or int4 records (`pack_int4`, uint8: y = sum over groups of d (x . q) + m (sum of x)). `amx`: on the AMX tiles,
 // else with AVX-512 (`linear_avx512.h`: bfloat16 and int8).
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::optional<at::Tensor>& scales, int64_t n,
-                  bool amx) {
+                  const std::string& kernel) {
+  TORCH_CHECK(kernel == "amx" || kernel == "fma" || kernel == "dot", "kernel must be amx, fma or dot");
+  const bool amx = kernel == "amx";
   TORCH_CHECK(!amx || ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
   TORCH_CHECK(amx || avx512_ready(), "the AVX-512 linear needs a CPU with AVX-512 BF16 and VBMI");
   TORCH_CHECK(amx || packed.scalar_type() != at::kByte, "int4 runs on the AMX kernel only");
@@ -268,9 +270,13 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   const auto* X = reinterpret_cast<const uint16_t*>(x.data_ptr());
   auto* O = reinterpret_cast<uint16_t*>(out.data_ptr());
   const float* S = int8 ? scale.data_ptr<float>() : nullptr;
-  if (!amx) {
+  if (kernel == "fma") {
     const at::Tensor xf = x.to(at::kFloat);  // exact
     linear_avx512(xf.data_ptr<float>(), m, kp, packed.const_data_ptr(), int8, blocks, S, n, O);
+    return out;
+  }
+  if (kernel == "dot") {
+    linear_avx512(reinterpret_cast<const uint32_t*>(X), m, kp, packed.const_data_ptr(), int8, blocks, S, n, O);
     return out;
   }
 #endif
@@ -330,5 +336,5 @@ PYBIND11_MODULE(STEPWISE_MODULE, m) {
   m.def("pack", &pack);
   m.def("pack_int4", &pack_int4);
   m.def("linear", &linear, pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("scales"), pybind11::arg("n"),
-        pybind11::arg("amx") = true, pybind11::call_guard<pybind11::gil_scoped_release>());
+        pybind11::arg("kernel") = "amx", pybind11::call_guard<pybind11::gil_scoped_release>());
 }

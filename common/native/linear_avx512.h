@@ -1,19 +1,22 @@
 // Linears on AVX-512, for CPUs without AMX (AMD Zen 4 and later, Intel Cooper Lake, Xeons whose hypervisor hides
 // AMX), part of linear.cpp. The same weights in the same packed layout as the AMX kernel, [out / 16][in / 2][16][2]
-// (int8 in its widening order), so one `pack` serves both.
+// (int8 in its widening order), so one `pack` serves both. Two kernels over that layout; a machine runs one
+// (`common.native.linear_kernel` picks it from the CPU), and every stage and the reference run the same one.
 //
-// Each 64-byte line of the packed layout holds an input pair of 16 outputs; widened to float32 in registers (a
-// shift, a mask: exact), it gives two vectors of 16 weights, and each meets one input of a row (broadcast) in a
-// float32 fused multiply-add into those 16 outputs' accumulators. So every output's accumulator runs through the
-// inputs in order, from zero, one rounding per input: the order is fixed by construction and no other row takes
-// part, so a row gets the same bits in a call of any size. Registers hold AVX_ROWS rows x AVX_BLOCKS blocks of
-// accumulators; a call of more rows repeats the pass over the same weights (from cache). No split over the inputs,
-// no reduction across threads: threads take whole groups of blocks.
+// Each 64-byte line of the packed layout holds an input pair of 16 outputs. "fma": widened to float32 in
+// registers (a shift, a mask: exact), it gives two vectors of 16 weights, and each meets one input of a row
+// (broadcast) in a float32 fused multiply-add into those 16 outputs' accumulators. "dot": VDPBF16PS takes the line
+// as it is and a row's input pair (broadcast) and adds the pair's two products to the accumulators, the odd one
+// first. Either way every output's accumulator runs through the inputs in one order, from zero, one rounding per
+// input: the order is fixed by construction and no other row takes part, so a row gets the same bits in a call of
+// any size (the two kernels' bits differ). Registers hold AVX_ROWS rows x AVX_BLOCKS blocks of accumulators; a
+// call of more rows repeats the pass over the same weights (from cache). No split over the inputs, no reduction
+// across threads: threads take whole groups of blocks.
 //
-// Why float32 multiply-adds and not VDPBF16PS (one instruction per input pair): on the build machine (a Xeon
-// whose VM hides AMX) a step's linears at 32 rows took 48-66 ms this way against 63-77 ms with VDPBF16PS and
-// 70-97 ms with oneDNN, and the same at one row (memory-bound). Not the AMX kernel's bits; each machine runs one
-// kernel (`ready()` picks AMX where it can), and every stage and the reference run the same one.
+// Why two. A decode step's 121 linears of SmolLM2 (weights read from memory) at 1 / 32 / 64 rows: on a Xeon whose
+// VM hides AMX (family 6 model 207), fma 14.7 / 63.2 / 94.9 ms, dot 14.8 / 74.9 / 129.0 (it issues VDPBF16PS at
+// half the rate of its float32 multiply-adds); on an AMD EPYC (Zen 5, family 26), fma 6.3 / 30.9 / 67.0 ms, dot
+// 5.4 / 16.3 / 25.4 (one VDPBF16PS does the work of two multiply-adds and two widenings), oneDNN 9.8 / 21.5 / 34.5.
 #pragma once
 
 namespace {
@@ -79,17 +82,41 @@ void dot_rows(const float* X, int64_t kp, const void* const* blocks, __m512 (&ac
   }
 }
 
+// The same with VDPBF16PS, x as bfloat16 pairs (row stride kp / 2): one instruction per input pair, which adds
+// the pair's odd product, then its even one, to the accumulator (each product of two bfloat16 is exact in
+// float32). Again every output's accumulator runs through the inputs in one fixed order that no other row changes.
+template <int R, int C, typename Pairs>
+void dot_rows(const uint32_t* X, int64_t kp, const void* const* blocks, __m512 (&acc)[R][C]) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp / 2; p += 2) {
+    __m512i w[C][2];
+    for (int c = 0; c < C; ++c) {
+      if ((p * Pairs::bytes_per_pair) % 64 == 0)
+        _mm_prefetch(static_cast<const char*>(blocks[c]) + p * Pairs::bytes_per_pair + AVX_PREFETCH_BYTES,
+                     _MM_HINT_T0);
+      Pairs::load(blocks[c], p, w[c][0], w[c][1]);
+    }
+    for (int i = 0; i < 2; ++i)
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xi = (__m512bh)_mm512_set1_epi32(static_cast<int>(X[r * (kp / 2) + p + i]));
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xi, (__m512bh)w[c][i]);
+      }
+  }
+}
+
 // All m rows times C blocks (output columns from col0): passes of up to AVX_ROWS rows (later passes find the
-// weights in cache).
-template <int C, typename Pairs>
-void multiply_avx512(const float* X, int64_t m, int64_t kp, const char* W, int64_t block_bytes, int64_t col0,
+// weights in cache). X: float32 rows (multiply-adds) or bfloat16 pairs (VDPBF16PS).
+template <int C, typename Pairs, typename XT>
+void multiply_avx512(const XT* X, int64_t m, int64_t kp, const char* W, int64_t block_bytes, int64_t col0,
                      int64_t n, const float* scale, uint16_t* O) {
+  const int64_t row_stride = std::is_same_v<XT, uint32_t> ? kp / 2 : kp;
   const void* blocks[C];
   for (int c = 0; c < C; ++c) blocks[c] = W + c * block_bytes;
   alignas(64) float acc_rows[AVX_ROWS][C][16];
   for (int64_t row0 = 0; row0 < m; row0 += AVX_ROWS) {
     const int rows = static_cast<int>(std::min<int64_t>(AVX_ROWS, m - row0));
-    const float* Xr = X + row0 * kp;
+    const XT* Xr = X + row0 * row_stride;
     auto run = [&](auto rows_constant) {
       constexpr int R = decltype(rows_constant)::value;
       __m512 acc[R][C];
@@ -114,9 +141,11 @@ void multiply_avx512(const float* X, int64_t m, int64_t kp, const char* W, int64
   }
 }
 
-// x [m, kp] (float32, padded) times every block of a packed weight, bfloat16 or int8 (then scaled per output).
-void linear_avx512(const float* X, int64_t m, int64_t kp, const void* W, bool int8, int64_t blocks,
-                   const float* scale, int64_t n, uint16_t* O) {
+// x [m, kp] (padded; float32 for multiply-adds, bfloat16 pairs for VDPBF16PS) times every block of a packed
+// weight, bfloat16 or int8 (then scaled per output).
+template <typename XT>
+void linear_avx512(const XT* X, int64_t m, int64_t kp, const void* W, bool int8, int64_t blocks, const float* scale,
+                   int64_t n, uint16_t* O) {
   const int64_t block_bytes = kp * 16 * (int8 ? 1 : 2), groups = (blocks + AVX_BLOCKS - 1) / AVX_BLOCKS;
   const char* base = static_cast<const char*>(W);
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
