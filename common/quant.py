@@ -28,7 +28,7 @@ on the GGUF's own bytes with its fp16 ``d`` and ``m`` unrounded. Kernels on a CP
 our own (``common/native/linear.cpp``, int4 in ``linear_int4.h``). int8: the weights are widened to
 bfloat16 (exactly) a tile at a time and multiplied like the bfloat16 linear, then scaled per output;
 on a CPU with AVX-512 and no AMX, the same packed int8 weights widen in registers for
-``linear_avx512.h``'s kernel (int4 there is torch's). int4: the codes
+``linear_avx512.h``'s kernels (int4 there on VDPBF16PS). int4: the codes
 are widened to bfloat16 (exactly: 0..15), each tile product is one group's ``x . q``, and the
 outputs add ``d * (x . q) + m * sum(x)`` group by group in float32; one request's row takes
 several groups per tile round trip, with the same bits. Elsewhere, and in plain mode, torch's
@@ -209,9 +209,9 @@ def q4_1_quantize(weight: torch.Tensor) -> np.ndarray:
 
 
 class Int4Linear(QuantizedLinear):
-    """GGUF Q4_1 groups: ``w = d * q + m``. On a CPU with AMX, our kernel (``common/native/linear_int4.h``) on the
-    GGUF's codes, d and m, reordered at load; on CUDA, ``common.quant_cuda``'s Triton kernel on the GGUF's bytes;
-    elsewhere, or in plain mode, ``torch._weight_int4pack_mm_for_cpu``."""
+    """GGUF Q4_1 groups: ``w = d * q + m``. On a CPU with AMX or AVX-512 BF16, our kernels (``linear_int4.h``,
+    ``linear_avx512.h``) on the GGUF's codes, d and m, reordered at load; on CUDA, ``common.quant_cuda``'s Triton
+    kernel on the GGUF's bytes; elsewhere, or in plain mode, ``torch._weight_int4pack_mm_for_cpu``."""
 
     def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | None = None, plain: bool = False):
@@ -227,9 +227,9 @@ class Int4Linear(QuantizedLinear):
             self.d, self.m = (torch.from_numpy(t.astype(np.float16)).to(device) for t in (d, m))
             self.nbytes = self.nibbles.numel() + 2 * self.d.numel() * self.d.element_size()
             return
-        if not plain and native.amx_linear_ready():  # the GGUF's codes, d and m, in the order our kernel reads them
-            self.amx_kernels = native.kernels(native.LINEAR_SOURCE)
-            self.records = self.amx_kernels.pack_int4(*(torch.from_numpy(np.ascontiguousarray(t)) for t in
+        if not plain and (kernel := native.int4_kernel()):  # the GGUF's codes, d and m, in our kernels' order
+            self.kernel_name, self.native_kernels = kernel, native.kernels(native.LINEAR_SOURCE)
+            self.records = self.native_kernels.pack_int4(*(torch.from_numpy(np.ascontiguousarray(t)) for t in
                                                         (codes.astype(np.uint8), d.astype(np.float16),
                                                          m.astype(np.float16))))
             self.nbytes = self.records.numel()
@@ -251,11 +251,12 @@ class Int4Linear(QuantizedLinear):
     def backend(self) -> str:
         if self.triton is not None:
             return "Triton Int4 kernel (stepwise)"
-        return "AMX Int4 kernel (stepwise)" if self.records is not None else "torch Int4 kernel"
+        return f"{self.kernel_name} Int4 kernel (stepwise)" if self.records is not None else "torch Int4 kernel"
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.records is not None:
-            return self.amx_kernels.linear(x, self.records, None, self.out_features)
+            return self.native_kernels.linear(x, self.records, None, self.out_features,
+                                              native.LINEAR_KERNELS[self.kernel_name])
         if self.triton is not None:
             return self.triton.int4_linear(x, self.nibbles, self.d, self.m)
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)

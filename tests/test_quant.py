@@ -53,11 +53,11 @@ def gguf_weights(blocks: np.ndarray) -> torch.Tensor:
 @pytest.mark.parametrize("ours", [True, False], ids=["our kernel", "torch's kernel"])
 @pytest.mark.parametrize("shape", [(64, 96), (48, 128)])
 def test_int4_kernel_multiplies_by_the_q4_1_weights(shape, ours):
-    """Ours (AMX) keeps the GGUF's codes, d and m exactly; torch's its own convention (kernel_weights)."""
+    """Ours (AMX, AVX-512) keeps the GGUF's codes, d and m exactly; torch's its own convention (kernel_weights)."""
     blocks = random_q4_1(shape, 1)
     linear = Int4Linear.from_q4_1(blocks, plain=not ours)
     if ours and linear.records is None:
-        pytest.skip("our int4 kernel needs AMX")
+        pytest.skip("our int4 kernels need AMX or AVX-512 BF16")
     w = gguf_weights(blocks) if ours else kernel_weights(blocks)
     # Read back through the kernel's own storage: d, m and the order of the codes are as intended.
     torch.testing.assert_close(linear.dequantized(), w, rtol=0, atol=0)
@@ -73,7 +73,7 @@ def test_int4_one_row_gets_its_bits_in_every_batch(shape):
     partial round."""
     linear = Int4Linear.from_q4_1(random_q4_1(shape, 6))
     if linear.records is None:
-        pytest.skip("our int4 kernel needs AMX")
+        pytest.skip("our int4 kernels need AMX or AVX-512 BF16")
     x = (torch.randn(40, shape[1], generator=torch.Generator().manual_seed(7)) * 3).to(torch.bfloat16)
     alone = torch.cat([linear.kernel(x[i:i + 1]) for i in range(40)])
     for rows in (2, 3, 16, 17, 32, 33, 40):

@@ -77,6 +77,13 @@ def linear_kernel() -> str | None:
     return "AVX-512 BF16" if choice == "dot" else "AVX-512 FMA"
 
 
+def int4_kernel() -> str | None:
+    """Which of our kernels runs int4 (Q4_1 groups): "AMX", else "AVX-512 BF16" wherever our AVX-512 linears run
+    (one int4 kernel there, VDPBF16PS, whichever kernel the bfloat16 linears take), else None: torch's."""
+    kernel = linear_kernel()
+    return kernel if kernel in (None, "AMX") else "AVX-512 BF16"
+
+
 def amx_linear_ready() -> bool:
     """Whether linears run on the AMX kernel (the only one of ours that takes int4)."""
     return linear_kernel() == "AMX"

@@ -250,7 +250,7 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   const bool amx = kernel == "amx";
   TORCH_CHECK(!amx || ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
   TORCH_CHECK(amx || avx512_ready(), "the AVX-512 linear needs a CPU with AVX-512 BF16 and VBMI");
-  TORCH_CHECK(amx || packed.scalar_type() != at::kByte, "int4 runs on the AMX kernel only");
+  TORCH_CHECK(kernel != "fma" || packed.scalar_type() != at::kByte, "int4 runs on the amx and dot kernels only");
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kBFloat16, "x must be 2-D bfloat16");
   const bool int8 = packed.scalar_type() == at::kChar, int4 = packed.scalar_type() == at::kByte;
   TORCH_CHECK(int8 || int4 || packed.scalar_type() == at::kBFloat16, "the packed weight must be bfloat16, int8 or int4");
@@ -273,6 +273,13 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   if (kernel == "fma") {
     const at::Tensor xf = x.to(at::kFloat);  // exact
     linear_avx512(xf.data_ptr<float>(), m, kp, packed.const_data_ptr(), int8, blocks, S, n, O);
+    return out;
+  }
+  if (kernel == "dot" && int4) {
+    std::vector<float> group_sums(m * (kp / 32));
+    sum_groups(X, m, kp, group_sums.data());
+    linear_int4_avx512(reinterpret_cast<const uint32_t*>(X), m, kp, static_cast<const uint8_t*>(packed.const_data_ptr()),
+                       blocks, group_sums.data(), n, O);
     return out;
   }
   if (kernel == "dot") {

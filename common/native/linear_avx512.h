@@ -165,6 +165,90 @@ void linear_avx512(const XT* X, int64_t m, int64_t kp, const void* W, bool int8,
     }
   });
 }
+
+// int4 (`pack_int4`'s records: per block of 16 outputs and group of 32 inputs, the outputs' fp16 d and m, then the
+// codes) with VDPBF16PS, for R rows x C blocks: each group's 16 input pairs, widened to bfloat16 in registers (as
+// `widen_int4` does: 64 code bytes give four pairs), go into fresh accumulators, one VDPBF16PS per pair in input
+// order; then every output adds d * (x . q) and m * (the group's sum of x), group after group, as the AMX kernel
+// does (`add_group`).
+template <int R, int C>
+void multiply_int4_rows(const uint32_t* X, int64_t kp, const uint8_t* const* records, const float* sums,
+                        float (*acc)[C][16]) {
+  const int64_t chunks = kp / 32;
+  const __m512i low = _mm512_load_si512(kInt4.low), high = _mm512_load_si512(kInt4.high);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_store_ps(acc[r][c], _mm512_setzero_ps());
+  for (int64_t g = 0; g < chunks; ++g) {
+    for (int c = 0; c < C; ++c)
+      for (int l = 0; l < INT4_RECORD; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(records[c] + g * INT4_RECORD) + PREFETCH_INT4_CHUNKS * INT4_RECORD
+                     + l, _MM_HINT_T0);
+    __m512 part[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) part[r][c] = _mm512_setzero_ps();
+    for (int q = 0; q < 4; ++q)  // pairs 4q .. 4q + 3
+      for (int h = 0; h < 2; ++h) {
+        __m512i w[C][2];
+        for (int c = 0; c < C; ++c) {
+          const __m512i v = _mm512_loadu_si512(records[c] + g * INT4_RECORD + 64 + 64 * q);
+          const __m512i nibbles = _mm512_and_si512(h ? _mm512_srli_epi16(v, 4) : v, nibble);
+          const __m512i lo = _mm512_shuffle_epi8(low, nibbles), hi = _mm512_shuffle_epi8(high, nibbles);
+          w[c][0] = _mm512_unpacklo_epi8(lo, hi), w[c][1] = _mm512_unpackhi_epi8(lo, hi);
+        }
+        for (int i = 0; i < 2; ++i)
+          for (int r = 0; r < R; ++r) {
+            const int64_t pair = g * 16 + 4 * q + 2 * h + i;
+            const __m512bh xp = (__m512bh)_mm512_set1_epi32(static_cast<int>(X[r * (kp / 2) + pair]));
+            for (int c = 0; c < C; ++c) part[r][c] = _mm512_dpbf16_ps(part[r][c], xp, (__m512bh)w[c][i]);
+          }
+      }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        _mm512_store_ps(acc[r][c], add_group(_mm512_load_ps(acc[r][c]), records[c] + g * INT4_RECORD, part[r][c],
+                                             sums[r * chunks + g]));
+  }
+}
+
+constexpr int INT4_ROWS = 4, INT4_BLOCKS = 4;  // 16 group accumulators, 8 weight vectors, a broadcast
+
+// x [m, kp] (bfloat16 pairs) times int4 records [blocks][kp / 32][INT4_RECORD]; `sums` [m][kp / 32].
+void linear_int4_avx512(const uint32_t* X, int64_t m, int64_t kp, const uint8_t* W, int64_t blocks,
+                        const float* sums, int64_t n, uint16_t* O) {
+  const int64_t block_records = kp / 32 * INT4_RECORD, groups = (blocks + INT4_BLOCKS - 1) / INT4_BLOCKS;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t block = g * INT4_BLOCKS, here = std::min<int64_t>(INT4_BLOCKS, blocks - block);
+      auto run = [&](auto blocks_constant, int64_t first) {
+        constexpr int C = decltype(blocks_constant)::value;
+        const uint8_t* records[C];
+        for (int c = 0; c < C; ++c) records[c] = W + (first + c) * block_records;
+        alignas(64) float acc[INT4_ROWS][C][16];
+        for (int64_t row0 = 0; row0 < m; row0 += INT4_ROWS) {
+          const int rows = static_cast<int>(std::min<int64_t>(INT4_ROWS, m - row0));
+          const uint32_t* Xr = X + row0 * (kp / 2);
+          const float* Sr = sums + row0 * (kp / 32);
+          switch (rows) {
+            case 4: multiply_int4_rows<4, C>(Xr, kp, records, Sr, acc); break;
+            case 3: multiply_int4_rows<3, C>(Xr, kp, records, Sr, acc); break;
+            case 2: multiply_int4_rows<2, C>(Xr, kp, records, Sr, acc); break;
+            default: multiply_int4_rows<1, C>(Xr, kp, records, Sr, acc); break;
+          }
+          for (int c = 0; c < C; ++c) {
+            const int64_t col = (first + c) * 16, cols = std::min<int64_t>(16, n - col);
+            if (cols <= 0) continue;
+            for (int r = 0; r < rows; ++r) store_rows(&acc[r][c], 1, nullptr, O + (row0 + r) * n + col, n, cols);
+          }
+        }
+      };
+      if (here == INT4_BLOCKS) {
+        run(std::integral_constant<int, INT4_BLOCKS>(), block);
+        continue;
+      }
+      for (int64_t b = 0; b < here; ++b) run(std::integral_constant<int, 1>(), block + b);  // the last blocks
+    }
+  });
+}
 #endif
 
 }  // namespace

@@ -10,13 +10,11 @@ namespace {
 
 constexpr int64_t INT4_RECORD = 320;  // one chunk of one block: d[16], m[16] (fp16), 256 code bytes
 
-#ifdef STEPWISE_AMX
-// How far ahead of the widening the records are requested, in chunks (a 320-byte record per block); for one row,
-// how many groups share a tile round trip (rows of the spread activation tile) and how many chunks ahead of their
-// tile loads the codes are widened (into a ring of buffers). Picked like linear.cpp's prefetch distances.
-constexpr int PREFETCH_INT4_CHUNKS = 16, DIAG = 4, RING = 4, AHEAD = 2;
-static_assert(DIAG >= 1 && DIAG <= 16 && AHEAD < RING, "a tile has 16 rows; a ring slot is rewritten after use");
-constexpr int INT4_BUFFER = RING * 1024;  // uint16 of widened weights per thread: RING slots of 2 blocks x 512
+#ifdef STEPWISE_AVX512
+// The helpers both int4 kernels use (the AMX one below, linear_avx512.h's): widening, the records' prefetch, a
+// group's scaling, the groups' sums of x. How far ahead of the widening the records are requested, in chunks (a
+// 320-byte record per block); picked like linear.cpp's prefetch distances.
+constexpr int PREFETCH_INT4_CHUNKS = 16;
 
 // int4 codes -> bfloat16, exactly (0..15). A chunk's 256 code bytes hold its 16 tile rows, four per 64 bytes
 // (see `pack_int4`): the low nibbles give rows 4g and 4g + 1, the high ones rows 4g + 2 and 4g + 3, each through
@@ -60,11 +58,35 @@ void prefetch_records(const uint8_t* record, int64_t block_records, bool second)
 
 // One group into one row's 16 outputs: acc + d * (x . q), then + m * (the group's sum of x), each a fused
 // multiply-add rounding once. Both paths below add every group through here, in group order.
-inline __m512 add_group(__m512 acc, const uint8_t* record, const float* products, float sum) {
+inline __m512 add_group(__m512 acc, const uint8_t* record, __m512 products, float sum) {
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(record)));
   const __m512 mins = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + 32)));
-  return _mm512_fmadd_ps(mins, _mm512_set1_ps(sum), _mm512_fmadd_ps(d, _mm512_loadu_ps(products), acc));
+  return _mm512_fmadd_ps(mins, _mm512_set1_ps(sum), _mm512_fmadd_ps(d, products, acc));
 }
+inline __m512 add_group(__m512 acc, const uint8_t* record, const float* products, float sum) {
+  return add_group(acc, record, _mm512_loadu_ps(products), sum);
+}
+
+// Each row's sum of x over each group of 32 inputs, in float32, in one fixed order: [m][kp / 32].
+void sum_groups(const uint16_t* X, int64_t m, int64_t kp, float* sums) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < kp / 32; ++c) {
+      const uint16_t* x = X + r * kp + c * 32;
+      const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16));
+      const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16))), 16));
+      sums[r * (kp / 32) + c] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+    }
+}
+#endif
+
+#ifdef STEPWISE_AMX
+// For one row: how many groups share a tile round trip (rows of the spread activation tile) and how many chunks
+// ahead of their tile loads the codes are widened (into a ring of buffers).
+constexpr int DIAG = 4, RING = 4, AHEAD = 2;
+static_assert(DIAG >= 1 && DIAG <= 16 && AHEAD < RING, "a tile has 16 rows; a ring slot is rewritten after use");
+constexpr int INT4_BUFFER = RING * 1024;  // uint16 of widened weights per thread: RING slots of 2 blocks x 512
 
 // int4: every row of x times one or two blocks of 16 outputs. Each chunk of 32 inputs is one Q4_1 group, so each
 // tile product is one group's sum x . q (exact products, float32 sums), and the outputs add, group after group,
@@ -191,19 +213,6 @@ void multiply_int4_row(const uint16_t* spread, int64_t chunks, const uint8_t* r0
     const int64_t col = col0 + block * 16, cols = std::min<int64_t>(16, n - col);
     if (cols > 0) store_rows(acc[block], 1, nullptr, O + col, n, cols);
   }
-}
-
-// Each row's sum of x over each group of 32 inputs, in float32, in one fixed order: [m][kp / 32].
-void sum_groups(const uint16_t* X, int64_t m, int64_t kp, float* sums) {
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t c = 0; c < kp / 32; ++c) {
-      const uint16_t* x = X + r * kp + c * 32;
-      const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16));
-      const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16))), 16));
-      sums[r * (kp / 32) + c] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
-    }
 }
 
 #endif
