@@ -298,8 +298,7 @@ def test_a_replica_killed_mid_load_fails_its_requests_cleanly_and_is_replaced(tw
             failed += 1
             assert replica == killed["replica"] and len(errors) == 1 and data[-2] is errors[0]
             assert errors[0]["error"]["type"] == "server_error" and "replica" in errors[0]["error"]["message"]
-        else:
-            assert replica != killed["replica"]
+        else:  # whole and right: on the other replica, or on the killed one before the kill (24 tokens go fast)
             assert text == want[i].text and data[-2]["choices"][0]["finish_reason"] == "length"
     assert results[0][2][-2]["error"]["type"] == "server_error"  # the killer's own stream was on that replica
     assert failed < len(results)  # the other replica's requests finished
