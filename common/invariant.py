@@ -87,6 +87,7 @@ class Linear(RowTiled):
             self.weight_t = weight.t().contiguous()
         elif not plain and (kernel := native.linear_kernel()):
             self.kernel_name, self.native_kernels = kernel, native.kernels(native.LINEAR_SOURCE)
+            self.kernel_arg = native.LINEAR_KERNELS[kernel]  # linear.cpp's name for it, looked up once
             self.ours = self.native_kernels.pack(weight.contiguous())
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
@@ -100,8 +101,7 @@ class Linear(RowTiled):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """One kernel call on all of x's rows."""
         if self.ours is not None:
-            return self.native_kernels.linear(x, self.ours, None, self.out_features,
-                                              native.LINEAR_KERNELS[self.kernel_name])
+            return self.native_kernels.linear(x, self.ours, None, self.out_features, self.kernel_arg)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return torch.mm(x, self.weight_t)

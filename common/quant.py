@@ -133,6 +133,7 @@ class Int8Linear(QuantizedLinear):
         self.triton = cuda_kernels(device)  # on CUDA, plain mode too: the kernel keeps rows apart anyway
         self.kernel_name = native.linear_kernel() if self.triton is None and not plain else None
         self.native_kernels = native.kernels(native.LINEAR_SOURCE) if self.kernel_name else None
+        self.kernel_arg = native.LINEAR_KERNELS.get(self.kernel_name)  # linear.cpp's name for it
         self.ours = None if self.native_kernels is None else self.native_kernels.pack(q)
         self._qweight = q.to(device) if self.ours is None else None  # our CPU kernels keep only their packed copy
         self.scales = self.scales.to(device)
@@ -164,8 +165,7 @@ class Int8Linear(QuantizedLinear):
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.ours is not None:
-            return self.native_kernels.linear(x, self.ours, self._scales_f32, self.out_features,
-                                              native.LINEAR_KERNELS[self.kernel_name])
+            return self.native_kernels.linear(x, self.ours, self._scales_f32, self.out_features, self.kernel_arg)
         if self.triton is not None:
             return self.triton.int8_linear(x, self._qweight, self._scales_f32)
         if x.data_ptr() % 64:  # torch's int8 kernel reads rows with aligned vector loads
@@ -229,6 +229,7 @@ class Int4Linear(QuantizedLinear):
             return
         if not plain and (kernel := native.int4_kernel()):  # the GGUF's codes, d and m, in our kernels' order
             self.kernel_name, self.native_kernels = kernel, native.kernels(native.LINEAR_SOURCE)
+            self.kernel_arg = native.LINEAR_KERNELS[kernel]
             self.records = self.native_kernels.pack_int4(*(torch.from_numpy(np.ascontiguousarray(t)) for t in
                                                         (codes.astype(np.uint8), d.astype(np.float16),
                                                          m.astype(np.float16))))
@@ -255,8 +256,7 @@ class Int4Linear(QuantizedLinear):
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.records is not None:
-            return self.native_kernels.linear(x, self.records, None, self.out_features,
-                                              native.LINEAR_KERNELS[self.kernel_name])
+            return self.native_kernels.linear(x, self.records, None, self.out_features, self.kernel_arg)
         if self.triton is not None:
             return self.triton.int4_linear(x, self.nibbles, self.d, self.m)
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)

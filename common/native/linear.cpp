@@ -242,8 +242,8 @@ bool avx512_ready() {
 }
 
 // x [m, k] bfloat16 times a packed weight: bfloat16; int8 with one float32 scale per output (y = (x . q) * s);
-// or int4 records (`pack_int4`, uint8: y = sum over groups of d (x . q) + m (sum of x)). `amx`: on the AMX tiles,
-// else with AVX-512 (`linear_avx512.h`: bfloat16 and int8).
+// or int4 records (`pack_int4`, uint8: y = sum over groups of d (x . q) + m (sum of x)). `kernel`: "amx" on the AMX
+// tiles; "dot" (VDPBF16PS) or "fma" (float32 multiply-adds, no int4) with AVX-512 (`linear_avx512.h`).
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::optional<at::Tensor>& scales, int64_t n,
                   const std::string& kernel) {
   TORCH_CHECK(kernel == "amx" || kernel == "fma" || kernel == "dot", "kernel must be amx, fma or dot");
