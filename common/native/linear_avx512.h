@@ -24,12 +24,26 @@ namespace {
 #ifdef STEPWISE_AVX512
 constexpr int AVX_ROWS = 6, AVX_BLOCKS = 4;  // 24 accumulators of the 32 registers
 constexpr int64_t AVX_PREFETCH_BYTES = 1024;  // how far ahead of its loads each block's weights are requested
-// Blocks per task for one row (a decode step of one request), where no register blocking pays: one block a task
-// splits a small projection evenly over the threads (SmolLM2's 576 outputs are 36 blocks, 9 tasks of 4: 5 and 4).
-// The 121 linears of a step at one row, three alternations on the EPYC: 6.6 / 8.1 / 7.5 ms with one block a task
-// against 8.5 / 8.5 / 9.7 with four (bfloat16), 4.9 / 4.8 / 5.1 against 5.0 / 4.7 / 5.5 (int8). No bits change: an
-// output's sum never depends on how outputs are grouped.
-constexpr int ONE_ROW_BLOCKS = 1;
+// Each thread takes one contiguous run of blocks (at::parallel_for splits [0, blocks) evenly: SmolLM2's 576
+// outputs are 36 blocks, 18 a thread) and goes through it AVX_BLOCKS blocks at a time, then 2, then 1. The blocks
+// of a group are independent accumulator chains, and one row needs them: each VDPBF16PS waits for the one before
+// it on the same accumulator. On the EPYC, 576 x 576 at one row with the weights in cache, one thread: 14.0 us
+// (bfloat16) and 15.0 us (int8) with one block at a time, 8.6 and 6.5 us in groups. In an engine the weights come
+// from memory, and there the 121 linears of a step came out the same: at one row (memory-bound; medians of ten
+// alternations in one process, 6.22 / 3.80 ms before and 6.45 / 3.81 after, bfloat16 / int8) and at 4 and 32
+// rows (within the 2-5% by which whichever build ran second in an alternation won). No bits change: an output's
+// sum never depends on how outputs are grouped or split over threads.
+template <typename Run>
+void for_block_groups(int64_t blocks, const Run& run) {
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t block = b0; block < b1;) {
+      const int64_t left = b1 - block;
+      if (left >= AVX_BLOCKS) run(std::integral_constant<int, AVX_BLOCKS>(), block), block += AVX_BLOCKS;
+      else if (left >= 2) run(std::integral_constant<int, 2>(), block), block += 2;
+      else run(std::integral_constant<int, 1>(), block), block += 1;
+    }
+  });
+}
 
 // Two input pairs (p, p + 1) of one block's packed weights, as bfloat16 vectors: read in place, or int8 widened
 // in registers (`widen_int8`'s order: 64 bytes hold pairs p and p + 1).
@@ -154,27 +168,12 @@ void linear_avx512(const XT* X, int64_t m, int64_t kp, const void* W, bool int8,
                    int64_t n, uint16_t* O) {
   const int64_t block_bytes = kp * 16 * (int8 ? 1 : 2);
   const char* base = static_cast<const char*>(W);
-  auto run = [&](auto blocks_constant) {  // tasks of C blocks each
+  for_block_groups(blocks, [&](auto blocks_constant, int64_t block) {
     constexpr int C = decltype(blocks_constant)::value;
-    at::parallel_for(0, (blocks + C - 1) / C, 1, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g) {
-        const int64_t block = g * C, here = std::min<int64_t>(C, blocks - block);
-        const char* Wg = base + block * block_bytes;
-        if (here == C) {
-          if (int8) multiply_avx512<C, Int8Pairs>(X, m, kp, Wg, block_bytes, block * 16, n, scale, O);
-          else multiply_avx512<C, Bf16Pairs>(X, m, kp, Wg, block_bytes, block * 16, n, scale, O);
-          continue;
-        }
-        for (int64_t b = 0; b < here; ++b) {  // the last blocks, one at a time
-          const char* Wb = Wg + b * block_bytes;
-          if (int8) multiply_avx512<1, Int8Pairs>(X, m, kp, Wb, block_bytes, (block + b) * 16, n, scale, O);
-          else multiply_avx512<1, Bf16Pairs>(X, m, kp, Wb, block_bytes, (block + b) * 16, n, scale, O);
-        }
-      }
-    });
-  };
-  if (m == 1) run(std::integral_constant<int, ONE_ROW_BLOCKS>());
-  else run(std::integral_constant<int, AVX_BLOCKS>());
+    const char* Wg = base + block * block_bytes;
+    if (int8) multiply_avx512<C, Int8Pairs>(X, m, kp, Wg, block_bytes, block * 16, n, scale, O);
+    else multiply_avx512<C, Bf16Pairs>(X, m, kp, Wg, block_bytes, block * 16, n, scale, O);
+  });
 }
 
 // int4 (`pack_int4`'s records: per block of 16 outputs and group of 32 inputs, the outputs' fp16 d and m, then the
@@ -221,42 +220,32 @@ void multiply_int4_rows(const uint32_t* X, int64_t kp, const uint8_t* const* rec
   }
 }
 
-constexpr int INT4_ROWS = 4, INT4_BLOCKS = 4;  // 16 group accumulators, 8 weight vectors, a broadcast
+constexpr int INT4_ROWS = 4;  // x AVX_BLOCKS blocks: 16 group accumulators, 8 weight vectors, a broadcast
 
 // x [m, kp] (bfloat16 pairs) times int4 records [blocks][kp / 32][INT4_RECORD]; `sums` [m][kp / 32].
 void linear_int4_avx512(const uint32_t* X, int64_t m, int64_t kp, const uint8_t* W, int64_t blocks,
                         const float* sums, int64_t n, uint16_t* O) {
-  const int64_t block_records = kp / 32 * INT4_RECORD, groups = (blocks + INT4_BLOCKS - 1) / INT4_BLOCKS;
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t block = g * INT4_BLOCKS, here = std::min<int64_t>(INT4_BLOCKS, blocks - block);
-      auto run = [&](auto blocks_constant, int64_t first) {
-        constexpr int C = decltype(blocks_constant)::value;
-        const uint8_t* records[C];
-        for (int c = 0; c < C; ++c) records[c] = W + (first + c) * block_records;
-        alignas(64) float acc[INT4_ROWS][C][16];
-        for (int64_t row0 = 0; row0 < m; row0 += INT4_ROWS) {
-          const int rows = static_cast<int>(std::min<int64_t>(INT4_ROWS, m - row0));
-          const uint32_t* Xr = X + row0 * (kp / 2);
-          const float* Sr = sums + row0 * (kp / 32);
-          switch (rows) {
-            case 4: multiply_int4_rows<4, C>(Xr, kp, records, Sr, acc); break;
-            case 3: multiply_int4_rows<3, C>(Xr, kp, records, Sr, acc); break;
-            case 2: multiply_int4_rows<2, C>(Xr, kp, records, Sr, acc); break;
-            default: multiply_int4_rows<1, C>(Xr, kp, records, Sr, acc); break;
-          }
-          for (int c = 0; c < C; ++c) {
-            const int64_t col = (first + c) * 16, cols = std::min<int64_t>(16, n - col);
-            if (cols <= 0) continue;
-            for (int r = 0; r < rows; ++r) store_rows(&acc[r][c], 1, nullptr, O + (row0 + r) * n + col, n, cols);
-          }
-        }
-      };
-      if (here == INT4_BLOCKS) {
-        run(std::integral_constant<int, INT4_BLOCKS>(), block);
-        continue;
+  const int64_t block_records = kp / 32 * INT4_RECORD;
+  for_block_groups(blocks, [&](auto blocks_constant, int64_t first) {
+    constexpr int C = decltype(blocks_constant)::value;
+    const uint8_t* records[C];
+    for (int c = 0; c < C; ++c) records[c] = W + (first + c) * block_records;
+    alignas(64) float acc[INT4_ROWS][C][16];
+    for (int64_t row0 = 0; row0 < m; row0 += INT4_ROWS) {
+      const int rows = static_cast<int>(std::min<int64_t>(INT4_ROWS, m - row0));
+      const uint32_t* Xr = X + row0 * (kp / 2);
+      const float* Sr = sums + row0 * (kp / 32);
+      switch (rows) {
+        case 4: multiply_int4_rows<4, C>(Xr, kp, records, Sr, acc); break;
+        case 3: multiply_int4_rows<3, C>(Xr, kp, records, Sr, acc); break;
+        case 2: multiply_int4_rows<2, C>(Xr, kp, records, Sr, acc); break;
+        default: multiply_int4_rows<1, C>(Xr, kp, records, Sr, acc); break;
       }
-      for (int64_t b = 0; b < here; ++b) run(std::integral_constant<int, 1>(), block + b);  // the last blocks
+      for (int c = 0; c < C; ++c) {
+        const int64_t col = (first + c) * 16, cols = std::min<int64_t>(16, n - col);
+        if (cols <= 0) continue;
+        for (int r = 0; r < rows; ++r) store_rows(&acc[r][c], 1, nullptr, O + (row0 + r) * n + col, n, cols);
+      }
     }
   });
 }
