@@ -88,7 +88,8 @@ class Linear(RowTiled):
         elif not plain and (kernel := native.linear_kernel()):
             self.kernel_name, self.native_kernels = kernel, native.kernels(native.LINEAR_SOURCE)
             self.kernel_arg = native.LINEAR_KERNELS[kernel]  # linear.cpp's name for it, looked up once
-            self.ours = self.native_kernels.pack(weight.contiguous())
+            self.interleave = native.block_interleave(self.kernel_arg, self.out_features)
+            self.ours = self.native_kernels.pack(weight.contiguous(), self.interleave)
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
 
@@ -101,7 +102,7 @@ class Linear(RowTiled):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """One kernel call on all of x's rows."""
         if self.ours is not None:
-            return self.native_kernels.linear(x, self.ours, None, self.out_features, self.kernel_arg)
+            return self.native_kernels.linear(x, self.ours, None, self.out_features, self.kernel_arg, self.interleave)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return torch.mm(x, self.weight_t)

@@ -134,7 +134,8 @@ class Int8Linear(QuantizedLinear):
         self.kernel_name = native.linear_kernel() if self.triton is None and not plain else None
         self.native_kernels = native.kernels(native.LINEAR_SOURCE) if self.kernel_name else None
         self.kernel_arg = native.LINEAR_KERNELS.get(self.kernel_name)  # linear.cpp's name for it
-        self.ours = None if self.native_kernels is None else self.native_kernels.pack(q)
+        self.interleave = native.block_interleave(self.kernel_arg, self.out_features) if self.kernel_name else 1
+        self.ours = None if self.native_kernels is None else self.native_kernels.pack(q, self.interleave)
         self._qweight = q.to(device) if self.ours is None else None  # our CPU kernels keep only their packed copy
         self.scales = self.scales.to(device)
         self._scales_f32 = self.scales.float()
@@ -156,16 +157,19 @@ class Int8Linear(QuantizedLinear):
             return self._qweight[ids]
         # The packed copy (linear.cpp's `pack`): blocks of 16 outputs, [in / 4] groups of 64 bytes, each group
         # two input pairs for every output, in sign and magnitude. Output o's pairs are the 16-bit words
-        # [lane o // 4][half 0 and 1][o % 4] of the group (byte 16 * lane + 8 * half + 2 * (o % 4)).
-        words = self.ours.view(torch.int16).view(self.ours.shape[0], -1, 4, 2, 4)
-        picked = words[ids // 16, :, ids % 16 // 4, :, ids % 4]  # [ids, in / 4, 2 halves]
+        # [lane o % 16 // 4][half 0 and 1][o % 4] of the group (byte 16 * lane + 8 * half + 2 * (o % 4)). With
+        # `interleave` 2, blocks 2j and 2j + 1 alternate their groups.
+        il = self.interleave
+        words = self.ours.view(torch.int16).view(self.ours.shape[0] // il, -1, il, 4, 2, 4)
+        picked = words[ids // (16 * il), :, ids // 16 % il, ids % 16 // 4, :, ids % 4]  # [ids, in / 4, 2 halves]
         sign_magnitude = picked.contiguous().view(torch.uint8).view(ids.shape[0], -1)
         magnitude = (sign_magnitude & 0x7F).to(torch.int8)
         return torch.where(sign_magnitude >= 0x80, -magnitude, magnitude)[:, :self.in_features]
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.ours is not None:
-            return self.native_kernels.linear(x, self.ours, self._scales_f32, self.out_features, self.kernel_arg)
+            return self.native_kernels.linear(x, self.ours, self._scales_f32, self.out_features, self.kernel_arg,
+                                              self.interleave)
         if self.triton is not None:
             return self.triton.int8_linear(x, self._qweight, self._scales_f32)
         if x.data_ptr() % 64:  # torch's int8 kernel reads rows with aligned vector loads

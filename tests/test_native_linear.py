@@ -108,6 +108,38 @@ def test_the_kernel_follows_from_the_cpu_and_a_bad_choice_is_named(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["bfloat16", "int8"])
+@pytest.mark.parametrize("out_features", [64, 96, 48])  # 4, 6 and 3 blocks of 16: grouped by 4, by 2, not at all
+def test_interleaved_blocks_give_the_bits_of_blocks_in_order(kernel, kind, out_features):
+    """For the AVX-512 kernels `pack` interleaves the lines of groups of blocks (common.native.block_interleave): the
+    layout moves bytes, never a result. And the kernel must be told the layout: read as the other, it gives others."""
+    if kernel == "AMX":
+        pytest.skip("AMX's tiles read blocks in order only")
+    kernels, name = native.kernels(native.LINEAR_SOURCE), native.LINEAR_KERNELS[kernel]
+    gen = torch.Generator().manual_seed(5)
+    if kind == "int8":
+        weight = torch.randint(-127, 128, (out_features, 96), dtype=torch.int8, generator=gen)
+        scales = torch.rand(out_features, generator=gen)
+    else:
+        weight, scales = (torch.randn(out_features, 96, generator=gen) * 96 ** -0.5).bfloat16(), None
+    x = torch.randn(7, 96, generator=gen).bfloat16()
+    group = native.block_interleave(name, out_features)
+    assert group == {64: 4, 96: 2, 48: 1}[out_features]
+    in_order = kernels.pack(weight, 1)
+    expected = kernels.linear(x, in_order, scales, out_features, name, 1)
+    for interleave in (2, 4):
+        if out_features // 16 % interleave:
+            with pytest.raises(RuntimeError, match="interleave"):
+                kernels.pack(weight, interleave)
+            continue
+        packed = kernels.pack(weight, interleave)
+        assert packed.shape == in_order.shape and not torch.equal(packed, in_order)
+        for rows in (1, 2, 7):
+            result = kernels.linear(x[:rows], packed, scales, out_features, name, interleave)
+            assert torch.equal(result, expected[:rows])
+        assert not torch.equal(kernels.linear(x, packed, scales, out_features, name, 1), expected)
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "int8"])
 @pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (100, 70), (80, 64)])
 def test_a_rows_order_of_sums_shows_and_never_depends_on_the_call(kernel, kind, shape):
     """float32 sums rounded to bfloat16 hide most changes of order (a one-ulp difference in float32 rarely moves

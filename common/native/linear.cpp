@@ -217,20 +217,33 @@ bool ready() {
 // weight [n, k] (bfloat16 or int8) -> [n / 16][k / 2][16][2], zero padded to 16 outputs and 32 inputs.
 // int8 is stored for `widen_int8`: sign and magnitude, and within each 64 bytes, packed weight
 // w = 8 * lane + r (lane 0-3, r 0-7) at byte 16 * lane + r, and w = 32 + 8 * lane + r at 16 * lane + 8 + r.
-at::Tensor pack(const at::Tensor& weight) {
+// `interleave` 2 or 4 (the AVX-512 kernels' layout, where it divides the number of blocks): each group of that many
+// blocks with their 64-byte lines alternating (`block_start` in linear_avx512.h); 1: block after block, the layout
+// every kernel reads.
+at::Tensor interleave_blocks(const at::Tensor& packed, int64_t interleave) {
+  if (interleave == 1) return packed;
+  const int64_t blocks = packed.size(0);
+  TORCH_CHECK((interleave == 2 || interleave == 4) && blocks % interleave == 0,
+              "interleave takes 1, or 2 or 4 where it divides the number of blocks");
+  const auto bytes = packed.view(at::kByte);
+  auto lines = bytes.reshape({blocks / interleave, interleave, -1, 64}).permute({0, 2, 1, 3}).contiguous();
+  return lines.view(bytes.sizes()).view(packed.scalar_type());
+}
+
+at::Tensor pack(const at::Tensor& weight, int64_t interleave) {
   TORCH_CHECK(weight.dim() == 2, "pack takes a 2-D weight");
   const int64_t n = weight.size(0), k = weight.size(1), np = round_up(n, 16), kp = round_up(k, 32);
   auto padded = at::zeros({np, kp}, weight.options());
   padded.narrow(0, 0, n).narrow(1, 0, k).copy_(weight);
   auto packed = padded.view({np / 16, 16, kp / 2, 2}).permute({0, 2, 1, 3}).contiguous();
-  if (weight.scalar_type() != at::kChar) return packed;
+  if (weight.scalar_type() != at::kChar) return interleave_blocks(packed, interleave);
   TORCH_CHECK(weight.numel() == 0 || weight.min().item<int>() >= -127, "int8 weights must lie in -127..127");
   auto q = packed.to(at::kShort);
   auto sign_magnitude = at::where(q < 0, 128 - q, q).to(at::kByte).view({-1, 64});
   auto byte = at::arange(64, q.options().dtype(at::kLong));
   auto lane = byte.div(16, "floor"), r = byte.remainder(16);
   auto stored = sign_magnitude.index_select(1, at::where(r < 8, 8 * lane + r, 32 + 8 * lane + r - 8));
-  return stored.view(at::kChar).view(packed.sizes());
+  return interleave_blocks(stored.view(at::kChar).view(packed.sizes()), interleave);
 }
 
 bool avx512_ready() {
@@ -243,9 +256,10 @@ bool avx512_ready() {
 
 // x [m, k] bfloat16 times a packed weight: bfloat16; int8 with one float32 scale per output (y = (x . q) * s);
 // or int4 records (`pack_int4`, uint8: y = sum over groups of d (x . q) + m (sum of x)). `kernel`: "amx" on the AMX
-// tiles; "dot" (VDPBF16PS) or "fma" (float32 multiply-adds, no int4) with AVX-512 (`linear_avx512.h`).
+// tiles; "dot" (VDPBF16PS) or "fma" (float32 multiply-adds, no int4) with AVX-512 (`linear_avx512.h`). `interleave`:
+// the layout `pack` was given (1 for AMX and int4).
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::optional<at::Tensor>& scales, int64_t n,
-                  const std::string& kernel) {
+                  const std::string& kernel, int64_t interleave) {
   TORCH_CHECK(kernel == "amx" || kernel == "fma" || kernel == "dot", "kernel must be amx, fma or dot");
   const bool amx = kernel == "amx";
   TORCH_CHECK(!amx || ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
@@ -260,6 +274,8 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   const int64_t kp = int4 ? packed.size(1) * 32 : packed.size(1) * 2;
   TORCH_CHECK(k <= kp && kp - k < 32 && n <= blocks * 16 && n > blocks * 16 - 16, "x or n does not fit the weight");
   TORCH_CHECK(!int4 || k == kp, "int4 takes whole groups of 32 inputs");
+  TORCH_CHECK(interleave == 1 || ((interleave == 2 || interleave == 4) && !amx && !int4 && blocks % interleave == 0),
+              "interleave 2 or 4 is the AVX-512 kernels' layout of bfloat16 and int8 weights, where it divides the blocks");
   auto out = at::empty({m, n}, x_in.options());
 #ifdef STEPWISE_AVX512
   if (m == 0) return out;
@@ -272,7 +288,8 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
   const float* S = int8 ? scale.data_ptr<float>() : nullptr;
   if (kernel == "fma") {
     const at::Tensor xf = x.to(at::kFloat);  // exact
-    linear_avx512(xf.data_ptr<float>(), m, kp, packed.const_data_ptr(), int8, blocks, S, n, O);
+    linear_avx512(xf.data_ptr<float>(), m, kp, packed.const_data_ptr(), int8, blocks, static_cast<int>(interleave), S,
+                  n, O);
     return out;
   }
   if (kernel == "dot" && int4) {
@@ -283,7 +300,8 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
     return out;
   }
   if (kernel == "dot") {
-    linear_avx512(reinterpret_cast<const uint32_t*>(X), m, kp, packed.const_data_ptr(), int8, blocks, S, n, O);
+    linear_avx512(reinterpret_cast<const uint32_t*>(X), m, kp, packed.const_data_ptr(), int8, blocks,
+                  static_cast<int>(interleave), S, n, O);
     return out;
   }
 #endif
@@ -340,8 +358,9 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::o
 PYBIND11_MODULE(STEPWISE_MODULE, m) {
   m.def("ready", &ready);
   m.def("avx512_ready", &avx512_ready);
-  m.def("pack", &pack);
+  m.def("pack", &pack, pybind11::arg("weight"), pybind11::arg("interleave") = 1);
   m.def("pack_int4", &pack_int4);
   m.def("linear", &linear, pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("scales"), pybind11::arg("n"),
-        pybind11::arg("kernel") = "amx", pybind11::call_guard<pybind11::gil_scoped_release>());
+        pybind11::arg("kernel") = "amx", pybind11::arg("interleave") = 1,
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }

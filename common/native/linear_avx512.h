@@ -1,7 +1,8 @@
 // Linears on AVX-512, for CPUs without AMX (AMD Zen 4 and later, Intel Cooper Lake, Xeons whose hypervisor hides
-// AMX), part of linear.cpp. The same weights in the same packed layout as the AMX kernel, [out / 16][in / 2][16][2]
-// (int8 in its widening order), so one `pack` serves both. Two kernels over that layout; a machine runs one
-// (`common.native.linear_kernel` picks it from the CPU), and every stage and the reference run the same one.
+// AMX), part of linear.cpp. The same packed weights as the AMX kernel, blocks of [in / 2][16][2] (int8 in its
+// widening order) for each 16 outputs, except that `pack` interleaves the 64-byte lines of groups of blocks for them
+// (`block_start`). Two kernels over that layout; a machine runs one (`common.native.linear_kernel` picks it from the
+// CPU), and every stage and the reference run the same one.
 //
 // Each 64-byte line of the packed layout holds an input pair of 16 outputs. "fma": widened to float32 in
 // registers (a shift, a mask: exact), it gives two vectors of 16 weights, and each meets one input of a row
@@ -45,20 +46,21 @@ void for_block_groups(int64_t blocks, const Run& run) {
   });
 }
 
-// Two input pairs (p, p + 1) of one block's packed weights, as bfloat16 vectors: read in place, or int8 widened
-// in registers (`widen_int8`'s order: 64 bytes hold pairs p and p + 1).
+// Two input pairs (p, p + 1, p even) of one block's packed weights, as bfloat16 vectors: read in place, or int8
+// widened in registers (`widen_int8`'s order: 64 bytes hold pairs p and p + 1). A block's 64-byte lines lie
+// `stride` bytes apart: 64 where each block is contiguous, 64 x interleave where `pack` interleaved blocks.
 struct Bf16Pairs {
   static constexpr int64_t bytes_per_pair = 64;
-  static void load(const void* block, int64_t p, __m512i& a, __m512i& b) {
-    const auto* w = static_cast<const uint16_t*>(block) + p * 32;
-    a = _mm512_loadu_si512(w), b = _mm512_loadu_si512(w + 32);
+  static void load(const void* block, int64_t p, int64_t stride, __m512i& a, __m512i& b) {
+    const auto* w = static_cast<const char*>(block) + p * stride;
+    a = _mm512_loadu_si512(w), b = _mm512_loadu_si512(w + stride);
   }
 };
 
 struct Int8Pairs {
   static constexpr int64_t bytes_per_pair = 32;
-  static void load(const void* block, int64_t p, __m512i& a, __m512i& b) {
-    const __m512i s = _mm512_loadu_si512(static_cast<const int8_t*>(block) + p * 32);
+  static void load(const void* block, int64_t p, int64_t stride, __m512i& a, __m512i& b) {
+    const __m512i s = _mm512_loadu_si512(static_cast<const char*>(block) + p / 2 * stride);
     const __m512i low0 = _mm512_load_si512(kWidening.low), low1 = _mm512_load_si512(kWidening.low + 64);
     const __m512i high0 = _mm512_load_si512(kWidening.high), high1 = _mm512_load_si512(kWidening.high + 64);
     const __m512i lo = _mm512_permutex2var_epi8(low0, s, low1);
@@ -68,13 +70,20 @@ struct Int8Pairs {
   }
 };
 
+// Asks for the line AVX_PREFETCH_BYTES (of the block's own bytes) past pair p of a block.
+template <typename Pairs>
+inline void prefetch_line(const void* block, int64_t p, int64_t stride) {
+  _mm_prefetch(static_cast<const char*>(block) + (p * Pairs::bytes_per_pair + AVX_PREFETCH_BYTES) / 64 * stride,
+               _MM_HINT_T0);
+}
+
 // Four inputs (2p .. 2p + 3) of a block's 16 outputs, as float32: bfloat16 is float32's upper half, so the
 // even input of each packed pair is the pair shifted left, the odd one the pair with its low half cleared.
 template <typename Pairs>
-inline void widen_four(const void* block, int64_t p, __m512 (&w)[4]) {
+inline void widen_four(const void* block, int64_t p, int64_t stride, __m512 (&w)[4]) {
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   __m512i a, b;
-  Pairs::load(block, p, a, b);
+  Pairs::load(block, p, stride, a, b);
   w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), w[1] = _mm512_castsi512_ps(_mm512_and_si512(a, high));
   w[2] = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), w[3] = _mm512_castsi512_ps(_mm512_and_si512(b, high));
 }
@@ -83,16 +92,15 @@ inline void widen_four(const void* block, int64_t p, __m512 (&w)[4]) {
 // input, in input order, from zero. The weights are widened in registers on every pass over the rows: widening
 // them once into a float32 copy in L2 and reading that on each pass was slower (timed on the build machine).
 template <int R, int C, typename Pairs>
-void dot_rows(const float* X, int64_t kp, const void* const* blocks, __m512 (&acc)[R][C]) {
+void dot_rows(const float* X, int64_t kp, const void* const* blocks, int64_t stride, __m512 (&acc)[R][C]) {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kp / 2; p += 2) {
     __m512 w[C][4];
     for (int c = 0; c < C; ++c) {
       if ((p * Pairs::bytes_per_pair) % 64 == 0)
-        _mm_prefetch(static_cast<const char*>(blocks[c]) + p * Pairs::bytes_per_pair + AVX_PREFETCH_BYTES,
-                     _MM_HINT_T0);
-      widen_four<Pairs>(blocks[c], p, w[c]);
+        prefetch_line<Pairs>(blocks[c], p, stride);
+      widen_four<Pairs>(blocks[c], p, stride, w[c]);
     }
     for (int i = 0; i < 4; ++i)
       for (int r = 0; r < R; ++r) {
@@ -106,16 +114,15 @@ void dot_rows(const float* X, int64_t kp, const void* const* blocks, __m512 (&ac
 // the pair's odd product, then its even one, to the accumulator (each product of two bfloat16 is exact in
 // float32). Again every output's accumulator runs through the inputs in one fixed order that no other row changes.
 template <int R, int C, typename Pairs>
-void dot_rows(const uint32_t* X, int64_t kp, const void* const* blocks, __m512 (&acc)[R][C]) {
+void dot_rows(const uint32_t* X, int64_t kp, const void* const* blocks, int64_t stride, __m512 (&acc)[R][C]) {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kp / 2; p += 2) {
     __m512i w[C][2];
     for (int c = 0; c < C; ++c) {
       if ((p * Pairs::bytes_per_pair) % 64 == 0)
-        _mm_prefetch(static_cast<const char*>(blocks[c]) + p * Pairs::bytes_per_pair + AVX_PREFETCH_BYTES,
-                     _MM_HINT_T0);
-      Pairs::load(blocks[c], p, w[c][0], w[c][1]);
+        prefetch_line<Pairs>(blocks[c], p, stride);
+      Pairs::load(blocks[c], p, stride, w[c][0], w[c][1]);
     }
     for (int i = 0; i < 2; ++i)
       for (int r = 0; r < R; ++r) {
@@ -125,14 +132,22 @@ void dot_rows(const uint32_t* X, int64_t kp, const void* const* blocks, __m512 (
   }
 }
 
+// Where block b of a packed weight starts: blocks one after another (interleave 1), or groups of `interleave`
+// blocks (2 or 4) with their 64-byte lines alternating, so that a task of four blocks reads one run of memory
+// rather than four (common.native.block_interleave has the timings).
+inline const char* block_start(const char* W, int64_t b, int64_t block_bytes, int interleave) {
+  return W + b / interleave * interleave * block_bytes + b % interleave * 64;
+}
+
 // All m rows times C blocks (output columns from col0): passes of up to AVX_ROWS rows (later passes find the
 // weights in cache). X: float32 rows (multiply-adds) or bfloat16 pairs (VDPBF16PS).
 template <int C, typename Pairs, typename XT>
-void multiply_avx512(const XT* X, int64_t m, int64_t kp, const char* W, int64_t block_bytes, int64_t col0,
-                     int64_t n, const float* scale, uint16_t* O) {
+void multiply_avx512(const XT* X, int64_t m, int64_t kp, const char* W, int64_t block_bytes, int interleave,
+                     int64_t col0, int64_t n, const float* scale, uint16_t* O) {
   const int64_t row_stride = std::is_same_v<XT, uint32_t> ? kp / 2 : kp;
   const void* blocks[C];
-  for (int c = 0; c < C; ++c) blocks[c] = W + c * block_bytes;
+  for (int c = 0; c < C; ++c) blocks[c] = block_start(W, col0 / 16 + c, block_bytes, interleave);
+  const int64_t stride = 64 * interleave;
   alignas(64) float acc_rows[AVX_ROWS][C][16];
   for (int64_t row0 = 0; row0 < m; row0 += AVX_ROWS) {
     const int rows = static_cast<int>(std::min<int64_t>(AVX_ROWS, m - row0));
@@ -140,7 +155,7 @@ void multiply_avx512(const XT* X, int64_t m, int64_t kp, const char* W, int64_t 
     auto run = [&](auto rows_constant) {
       constexpr int R = decltype(rows_constant)::value;
       __m512 acc[R][C];
-      dot_rows<R, C, Pairs>(Xr, kp, blocks, acc);
+      dot_rows<R, C, Pairs>(Xr, kp, blocks, stride, acc);
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) _mm512_store_ps(acc_rows[r][c], acc[r][c]);
     };
@@ -164,15 +179,14 @@ void multiply_avx512(const XT* X, int64_t m, int64_t kp, const char* W, int64_t 
 // x [m, kp] (padded; float32 for multiply-adds, bfloat16 pairs for VDPBF16PS) times every block of a packed
 // weight, bfloat16 or int8 (then scaled per output).
 template <typename XT>
-void linear_avx512(const XT* X, int64_t m, int64_t kp, const void* W, bool int8, int64_t blocks, const float* scale,
-                   int64_t n, uint16_t* O) {
+void linear_avx512(const XT* X, int64_t m, int64_t kp, const void* W, bool int8, int64_t blocks, int interleave,
+                   const float* scale, int64_t n, uint16_t* O) {
   const int64_t block_bytes = kp * 16 * (int8 ? 1 : 2);
   const char* base = static_cast<const char*>(W);
   for_block_groups(blocks, [&](auto blocks_constant, int64_t block) {
     constexpr int C = decltype(blocks_constant)::value;
-    const char* Wg = base + block * block_bytes;
-    if (int8) multiply_avx512<C, Int8Pairs>(X, m, kp, Wg, block_bytes, block * 16, n, scale, O);
-    else multiply_avx512<C, Bf16Pairs>(X, m, kp, Wg, block_bytes, block * 16, n, scale, O);
+    if (int8) multiply_avx512<C, Int8Pairs>(X, m, kp, base, block_bytes, interleave, block * 16, n, scale, O);
+    else multiply_avx512<C, Bf16Pairs>(X, m, kp, base, block_bytes, interleave, block * 16, n, scale, O);
   });
 }
 
