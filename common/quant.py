@@ -134,7 +134,7 @@ class Int8Linear(QuantizedLinear):
         self.kernel_name = native.linear_kernel() if self.triton is None and not plain else None
         self.native_kernels = native.kernels(native.LINEAR_SOURCE) if self.kernel_name else None
         self.kernel_arg = native.LINEAR_KERNELS.get(self.kernel_name)  # linear.cpp's name for it
-        self.interleave = native.block_interleave(self.kernel_arg, self.out_features) if self.kernel_name else 1
+        self.interleave = native.block_interleave(self.kernel_arg, self.out_features)
         self.ours = None if self.native_kernels is None else self.native_kernels.pack(q, self.interleave)
         self._qweight = q.to(device) if self.ours is None else None  # our CPU kernels keep only their packed copy
         self.scales = self.scales.to(device)
@@ -158,7 +158,7 @@ class Int8Linear(QuantizedLinear):
         # The packed copy (linear.cpp's `pack`): blocks of 16 outputs, [in / 4] groups of 64 bytes, each group
         # two input pairs for every output, in sign and magnitude. Output o's pairs are the 16-bit words
         # [lane o % 16 // 4][half 0 and 1][o % 4] of the group (byte 16 * lane + 8 * half + 2 * (o % 4)). With
-        # `interleave` 2, blocks 2j and 2j + 1 alternate their groups.
+        # `interleave` g (2 or 4), each g consecutive blocks alternate their groups.
         il = self.interleave
         words = self.ours.view(torch.int16).view(self.ours.shape[0] // il, -1, il, 4, 2, 4)
         picked = words[ids // (16 * il), :, ids // 16 % il, ids % 16 // 4, :, ids % 4]  # [ids, in / 4, 2 halves]

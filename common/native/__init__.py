@@ -77,7 +77,7 @@ def linear_kernel() -> str | None:
     return "AVX-512 BF16" if choice == "dot" else "AVX-512 FMA"
 
 
-def block_interleave(kernel_arg: str, out_features: int) -> int:
+def block_interleave(kernel_arg: str | None, out_features: int) -> int:
     """How ``pack`` lays a weight out for linear.cpp's kernel ``kernel_arg``: for the AVX-512 kernels, groups of 4
     (else 2) blocks of 16 outputs with their 64-byte lines alternating, where the blocks divide into such groups;
     else 1, block after block (the layout AMX's tiles read). A task of four blocks then reads one run of memory

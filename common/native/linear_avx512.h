@@ -70,7 +70,8 @@ struct Int8Pairs {
   }
 };
 
-// Asks for the line AVX_PREFETCH_BYTES (of the block's own bytes) past pair p of a block.
+// Asks for the line AVX_PREFETCH_BYTES (of the block's own bytes) past pair p of a block, once per step of the loops
+// below (two pairs: one line of int8, two of bfloat16, of which the hardware prefetcher finds the other).
 template <typename Pairs>
 inline void prefetch_line(const void* block, int64_t p, int64_t stride) {
   _mm_prefetch(static_cast<const char*>(block) + (p * Pairs::bytes_per_pair + AVX_PREFETCH_BYTES) / 64 * stride,
@@ -98,8 +99,7 @@ void dot_rows(const float* X, int64_t kp, const void* const* blocks, int64_t str
   for (int64_t p = 0; p < kp / 2; p += 2) {
     __m512 w[C][4];
     for (int c = 0; c < C; ++c) {
-      if ((p * Pairs::bytes_per_pair) % 64 == 0)
-        prefetch_line<Pairs>(blocks[c], p, stride);
+      prefetch_line<Pairs>(blocks[c], p, stride);
       widen_four<Pairs>(blocks[c], p, stride, w[c]);
     }
     for (int i = 0; i < 4; ++i)
@@ -120,8 +120,7 @@ void dot_rows(const uint32_t* X, int64_t kp, const void* const* blocks, int64_t 
   for (int64_t p = 0; p < kp / 2; p += 2) {
     __m512i w[C][2];
     for (int c = 0; c < C; ++c) {
-      if ((p * Pairs::bytes_per_pair) % 64 == 0)
-        prefetch_line<Pairs>(blocks[c], p, stride);
+      prefetch_line<Pairs>(blocks[c], p, stride);
       Pairs::load(blocks[c], p, stride, w[c][0], w[c][1]);
     }
     for (int i = 0; i < 2; ++i)
