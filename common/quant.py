@@ -151,20 +151,14 @@ class Int8Linear(QuantizedLinear):
         """The int8 weights [out, in]."""
         return self._qweight if self._qweight is not None else self.rows(torch.arange(self.out_features))
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """The int8 weights of the given output rows (token ids, for the embedding lookup)."""
-        if self._qweight is not None:
-            return self._qweight[ids]
-        # The packed copy (linear.cpp's `pack`): blocks of 16 outputs, [in / 4] groups of 64 bytes, each group
-        # two input pairs for every output, in sign and magnitude. Output o's pairs are the 16-bit words
-        # [lane o % 16 // 4][half 0 and 1][o % 4] of the group (byte 16 * lane + 8 * half + 2 * (o % 4)). With
-        # `interleave` g (2 or 4), each g consecutive blocks alternate their groups.
-        il = self.interleave
-        words = self.ours.view(torch.int16).view(self.ours.shape[0] // il, -1, il, 4, 2, 4)
-        picked = words[ids // (16 * il), :, ids // 16 % il, ids % 16 // 4, :, ids % 4]  # [ids, in / 4, 2 halves]
-        sign_magnitude = picked.contiguous().view(torch.uint8).view(ids.shape[0], -1)
-        magnitude = (sign_magnitude & 0x7F).to(torch.int8)
-        return torch.where(sign_magnitude >= 0x80, -magnitude, magnitude)[:, :self.in_features]
+    def rows(self, ids: torch.Tensor, dequantize: bool = False) -> torch.Tensor:
+        """The int8 weights of the given output rows (token ids, for the embedding lookup); ``dequantize``: times
+        their scales, in the model dtype. Our packed copy is read in place (linear.cpp's ``int8_rows``)."""
+        if self._qweight is None:
+            return self.native_kernels.int8_rows(self.ours, ids, self.in_features, self.interleave,
+                                                 self._scales_f32 if dequantize else None)
+        q = self._qweight[ids]
+        return (q.float() * self.scales[ids].float()[:, None]).to(self.scales.dtype) if dequantize else q
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.ours is not None:
@@ -189,8 +183,7 @@ class Int8Embedding:
         self.shape = (table.out_features, table.in_features)
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
-        t = self.table
-        return (t.rows(ids).float() * t.scales[ids].float()[:, None]).to(self.dtype)
+        return self.table.rows(ids, dequantize=True)
 
 
 def q4_1_groups(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

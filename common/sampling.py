@@ -113,23 +113,16 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-GREEDY_CHUNK = 1024  # vocabulary entries per chunk of the two-level argmax
-
-
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
-    """``logits.argmax(-1)`` (the first index of the maximum), computed in two levels.
+    """``logits.argmax(-1)``: the first index of each row's maximum.
 
-    torch's CPU argmax walks a 49,152-entry row at well under a GB/s; the maximum of each
-    1,024-entry chunk is a vectorized ``amax``, and argmax then only scans the chunk maxima
-    and the winning chunk. Ties resolve as in argmax: the first chunk, then the first index."""
-    rows, vocab = logits.shape
-    pad = (-vocab) % GREEDY_CHUNK
-    if pad:
-        logits = torch.cat([logits, logits.new_full((rows, pad), float("-inf"))], 1)
-    chunks = logits.view(rows, -1, GREEDY_CHUNK)
-    best_chunk = chunks.amax(-1).argmax(-1)  # [rows]
-    within = chunks[torch.arange(rows, device=logits.device), best_chunk].argmax(-1)
-    return (best_chunk * GREEDY_CHUNK + within).tolist()
+    On CPU through numpy, whose argmax is vectorized: torch's CPU argmax walks a 49,152-entry row at well under a
+    GB/s (32 us for one row here, 3 us in numpy). An earlier two-level argmax in torch (chunk maxima, then the
+    winning chunk) took 16 us timed alone, but in a decode step of one request it cost about 0.45 ms a token more
+    than numpy's: seven small tensor ops, each slow right after the step's weights have streamed through the caches."""
+    if logits.device.type == "cpu":
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
 
 
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams],

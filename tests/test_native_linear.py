@@ -75,6 +75,22 @@ def test_every_int8_value_widens_exactly(kernel):
     assert torch.equal(linear.rows(torch.arange(16)).float(), w)
 
 
+@pytest.mark.parametrize("out_features", [16, 32, 48, 64])  # one block, and groups of 2, (3: none), and 4
+def test_the_embedding_lookup_reads_the_rows_of_every_layout(kernel, out_features):
+    """``int8_rows`` reads rows in place from the packed copy, whatever the layout (interleaved by 1, 2 or 4): int8,
+    and dequantized to bfloat16, against torch's plain int8 weights and the same formula in tensor ops."""
+    w = torch.randn(out_features, 96, generator=torch.Generator().manual_seed(out_features))
+    ours, torchs = build("int8", w), build("int8", w, plain=True)
+    assert ours.interleave == native.block_interleave(native.LINEAR_KERNELS[kernel], out_features)
+    ids = torch.tensor([out_features - 1, 0, 17 % out_features, 5, 5])
+    assert torch.equal(ours.rows(ids), torchs.qweight[ids])
+    expected = (torchs.qweight[ids].float() * torchs.scales[ids].float()[:, None]).bfloat16()
+    assert torch.equal(ours.rows(ids, dequantize=True), expected)
+    assert torch.equal(torchs.rows(ids, dequantize=True), expected)
+    with pytest.raises(RuntimeError, match="row id out of range"):
+        ours.rows(torch.tensor([out_features + 16]))
+
+
 def test_plain_math_keeps_torchs_own_linears():
     w = torch.randn(64, 64)
     assert Linear(w.bfloat16(), plain=True).backend == "oneDNN prepacked"

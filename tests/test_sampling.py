@@ -43,9 +43,9 @@ def test_greedy_tokens_equal_argmax_with_ties(vocab):
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(9, vocab, generator=gen)
     top = logits.max() + 1
-    logits[1, [5, vocab - 1]] = top  # a tie inside the vocabulary: the first index wins
-    logits[2, [vocab - 2, vocab - 1]] = top  # a tie in the last chunk
-    logits[3, [1023 % vocab, min(1024, vocab - 1)]] = top  # a tie across a chunk boundary
+    logits[1, [5, vocab - 1]] = top  # a tie: the first index wins
+    logits[2, [vocab - 2, vocab - 1]] = top  # a tie at the end
+    logits[3, [1023 % vocab, min(1024, vocab - 1)]] = top  # a tie of neighbours
     logits[4] = 0.0  # every entry tied
     assert greedy_tokens(logits) == logits.argmax(-1).tolist()
 

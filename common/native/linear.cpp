@@ -246,6 +246,43 @@ at::Tensor pack(const at::Tensor& weight, int64_t interleave) {
   return interleave_blocks(stored.view(at::kChar).view(packed.sizes()), interleave);
 }
 
+// Rows `ids` of a packed int8 weight (`pack`'s layout, with the `interleave` it was given) as int8 [ids, k]; with
+// `scales`, dequantized to bfloat16: q * the row's scale (exact in float32), rounded once. The embedding lookup reads
+// the tied LM head's packed table this way (one call; through tensor ops it took a dozen, about 0.6 ms a token
+// in a decode step of one request, whose weights had just pushed everything else out of the caches).
+at::Tensor int8_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t k, int64_t interleave,
+                     const c10::optional<at::Tensor>& scales) {
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 4 && packed.is_contiguous(),
+              "int8_rows reads an int8 weight from pack");
+  const int64_t blocks = packed.size(0), kp = packed.size(1) * 2, block_bytes = kp * 16;
+  TORCH_CHECK(0 < k && k <= kp && (interleave == 1 || interleave == 2 || interleave == 4), "k or interleave");
+  const auto id = ids.to(at::kLong).contiguous();
+  const int64_t n = id.numel(), *id_p = id.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r) TORCH_CHECK(0 <= id_p[r] && id_p[r] < blocks * 16, "row id out of range");
+  const at::Tensor scale = scales ? scales->to(at::kFloat).contiguous() : at::Tensor();
+  auto out = at::empty({n, k}, packed.options().dtype(scales ? at::kBFloat16 : at::kChar));
+  const auto* W = static_cast<const uint8_t*>(packed.const_data_ptr());
+  const float* S = scales ? scale.data_ptr<float>() : nullptr;
+  auto* dequantized = scales ? out.data_ptr<at::BFloat16>() : nullptr;
+  auto* values = scales ? nullptr : out.data_ptr<int8_t>();
+  at::parallel_for(0, n, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = id_p[r] / 16, o = id_p[r] % 16;
+      const uint8_t* block = W + b / interleave * interleave * block_bytes + b % interleave * 64;
+      for (int64_t i = 0; i < k; ++i) {
+        // Input i is half i % 2 of pair i / 2; 64-byte line i / 4 holds pairs 2l and 2l + 1 of the block's outputs,
+        // packed weight w of a line at byte 16 * lane + r (w = 8 * lane + r) or 16 * lane + 8 + r (w = 32 + ...).
+        const int64_t w = (i / 2 % 2) * 32 + o * 2 + i % 2, low = w % 32;
+        const uint8_t byte = block[i / 4 * 64 * interleave + low / 8 * 16 + (w >= 32) * 8 + low % 8];
+        const int q = byte & 0x80 ? -(byte & 0x7F) : byte & 0x7F;
+        if (S) dequantized[r * k + i] = at::BFloat16(q * S[id_p[r]]);
+        else values[r * k + i] = static_cast<int8_t>(q);
+      }
+    }
+  });
+  return out;
+}
+
 bool avx512_ready() {
 #ifdef STEPWISE_AVX512
   return true;  // built with -march=native for this CPU, so the CPU has AVX-512 BF16
@@ -360,6 +397,8 @@ PYBIND11_MODULE(STEPWISE_MODULE, m) {
   m.def("avx512_ready", &avx512_ready);
   m.def("pack", &pack, pybind11::arg("weight"), pybind11::arg("interleave") = 1);
   m.def("pack_int4", &pack_int4);
+  m.def("int8_rows", &int8_rows, pybind11::arg("packed"), pybind11::arg("ids"), pybind11::arg("k"),
+        pybind11::arg("interleave"), pybind11::arg("scales") = pybind11::none());
   m.def("linear", &linear, pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("scales"), pybind11::arg("n"),
         pybind11::arg("kernel") = "amx", pybind11::arg("interleave") = 1,
         pybind11::call_guard<pybind11::gil_scoped_release>());
