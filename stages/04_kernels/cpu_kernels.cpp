@@ -40,6 +40,16 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
     const scalar_t* wp = wc.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     scalar_t* np = new_residual.data_ptr<scalar_t>();
+    // The norm's weight is read only in the last pass over a row, and in a decode step it is cold (the step's
+    // weights streamed through the caches since this layer ran): requested now, it arrives while the sum of
+    // squares runs. With it, the residual of a lone row (a decode step of one request). One request, int8,
+    // flipped on and off every other step: 6.26 -> 6.19 ms a step (bfloat16 9.41 -> 9.34), medians of ~380 steps.
+    const auto request = [hidden](const scalar_t* row) {
+      for (int64_t b = 0; b < hidden * static_cast<int64_t>(sizeof(scalar_t)); b += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(row) + b, 0, 3);
+    };
+    request(wp);
+    if (rows == 1) request(rp);
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       std::vector<float> xf(hidden);
       for (int64_t row = begin; row < end; ++row) {
