@@ -47,3 +47,17 @@ def test_speed_ratios_are_taken_round_by_round():
     assert ratios["int4 / llama.cpp, reference"] == [1.0, 1.0]
     assert "int4 / llama.cpp, stage 04" not in edge.speed_ratios([{k: v for k, v in r.items() if "llama" not in k}
                                                                   for r in by_round])
+
+
+def test_side_by_side_decodes_every_precision_in_turns_in_one_process(tiny_folder):
+    times = edge.in_fresh_process(["--child", "side-by-side", "--model", "tiny", "--tokens", "4",
+                                   "--side-by-side", "3"])
+    assert sorted(times) == ["bfloat16", "int4", "int8"]
+    assert all(len(t) == 3 and min(t) > 0 for t in times.values())
+
+
+def test_side_by_side_ratios_divide_times_of_the_same_turn():
+    times = {"bfloat16": [10.0, 30.0], "int8": [5.0, 20.0], "int4": [4.0, 10.0]}
+    assert edge.side_by_side_ratios(times) == {"int8 / bfloat16, stage 04": [2.0, 1.5],
+                                               "int4 / bfloat16, stage 04": [2.5, 3.0]}
+    assert list(edge.side_by_side_ratios({"bfloat16": [1.0], "int8": [0.5]})) == ["int8 / bfloat16, stage 04"]

@@ -1,6 +1,7 @@
 """The edge lesson, measured: for each precision, the bytes one token reads, the time they imply, the time taken.
 
     python -m common.tools.edge [--model smollm2-135m] [--tokens 64] [--rounds 3] [--no-llama-cpp]
+                                [--side-by-side 12]
     (``python -m common.tools.roofline`` prints the same table after the article's.)
 
 Each precision runs in a fresh process, so its peak resident memory at load is its own
@@ -16,7 +17,10 @@ llama.cpp (llama-cpp-python, if installed) runs the GGUF itself the same way, sa
 These are timings: run them on a quiet machine. With ``--rounds R`` every precision (and llama.cpp) runs
 R times, interleaved, so a slow minute hits them alike; the table shows each figure's median, and the
 speed ratios the targets are about (int8 against bfloat16, int4 against llama.cpp) are taken round by
-round, side by side, and printed with every round's value.
+round, side by side, and printed with every round's value. Then (``--side-by-side TURNS``) one more process
+holds stage 04 in all three precisions and decodes the same request with each in turn, the order rotating:
+those ratios divide times taken about a second apart, where a round's fresh processes are up to a minute apart
+on a machine whose speed drifts by tens of percent from one minute to the next.
 """
 from __future__ import annotations
 
@@ -83,6 +87,33 @@ def measure_stepwise(model: str, quantization: str | None, tokens: int) -> dict:
     row.update(linear_breakdown(kernels, chat, tokens))
     row["rest of the step ms, stage 04"] = row["ms per token, stage 04"] - row["linears ms per token, stage 04"]
     return row
+
+
+def measure_side_by_side(model: str, tokens: int, alternations: int) -> dict[str, list[float]]:
+    """In one process: stage 04 in every precision, one request alone, decoding the same prompt in turns (each
+    turn a fresh request; the order rotates every turn), so that the times a ratio divides were taken within
+    about a second of each other. Per precision, ms per token of every turn."""
+    from common import SamplingParams
+
+    stage = importlib.import_module("stages.04_kernels")
+    engines = {("bfloat16" if q == "none" else q): stage.LLM(model, dtype="bfloat16", max_num_seqs=1,
+                                                             quantization=None if q == "none" else q)
+               for q in PRECISIONS}
+    chat, _ = prompts(engines["bfloat16"].tokenizer)
+    for llm in engines.values():  # warm-up
+        llm.generate([chat], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    names, times = list(engines), defaultdict(list)
+    for turn in range(alternations):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            out = engines[name].generate([chat], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+            times[name].append(1e3 * decode_times(out[0].metrics.token_times))
+    return dict(times)
+
+
+def side_by_side_ratios(times: dict[str, list[float]]) -> dict[str, list[float]]:
+    """int8 and int4 against bfloat16, turn by turn (each a quotient of two times from the same turn)."""
+    return {f"{q} / bfloat16, stage 04": [b / t for b, t in zip(times["bfloat16"], times[q])]
+            for q in ("int8", "int4") if q in times}
 
 
 def time_per_call_fit(samples: list[tuple[int, float]]) -> tuple[float, float]:
@@ -204,8 +235,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1, help="interleaved runs of every precision (medians)")
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--side-by-side", type=int, default=12, metavar="TURNS",
+                    help="then every precision's stage 04 in one process, in this many turns (0: skip)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child == "side-by-side":
+        times = measure_side_by_side(args.model, args.tokens, args.side_by_side)
+        print(json.dumps(times))
+        return times
     if args.child:
         threads = torch.get_num_threads()
         row = (measure_llama_cpp(args.tokens, threads) if args.child == "llama.cpp" else
@@ -232,7 +269,17 @@ def main(argv=None) -> dict:
     for label, values in ratios.items():  # each round's ratio is of two times taken minutes apart at most
         rounds = f" (rounds {' / '.join(f'{v:.2f}' for v in values)})" if len(values) > 1 else ""
         console.print(f"decode speed {label}: {float(np.median(values)):.2f}x{rounds}")
-    return {"read bandwidth GB/s": bandwidth / 1e9, "rows": rows, "speed ratios": ratios}
+    side = {}
+    if args.side_by_side > 0:  # minutes apart at most above; here a second apart, many times over
+        times = in_fresh_process(["--child", "side-by-side", "--model", args.model, "--tokens", str(args.tokens),
+                                  "--side-by-side", str(args.side_by_side)])
+        side = side_by_side_ratios(times)
+        for label, values in side.items():
+            low, mid, high = np.percentile(values, [25, 50, 75])
+            console.print(f"decode speed {label}, side by side in one process: {mid:.2f}x (quartiles {low:.2f}-"
+                          f"{high:.2f} over {len(values)} turns; ms per token "
+                          f"{np.median(times['bfloat16']):.1f} / {np.median(times[label.split()[0]]):.1f})")
+    return {"read bandwidth GB/s": bandwidth / 1e9, "rows": rows, "speed ratios": ratios, "side by side": side}
 
 
 if __name__ == "__main__":
