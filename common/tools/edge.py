@@ -274,11 +274,12 @@ def main(argv=None) -> dict:
         times = in_fresh_process(["--child", "side-by-side", "--model", args.model, "--tokens", str(args.tokens),
                                   "--side-by-side", str(args.side_by_side)])
         side = side_by_side_ratios(times)
-        for label, values in side.items():
+        for q in ("int8", "int4"):
+            values = side[f"{q} / bfloat16, stage 04"]
             low, mid, high = np.percentile(values, [25, 50, 75])
-            console.print(f"decode speed {label}, side by side in one process: {mid:.2f}x (quartiles {low:.2f}-"
-                          f"{high:.2f} over {len(values)} turns; ms per token "
-                          f"{np.median(times['bfloat16']):.1f} / {np.median(times[label.split()[0]]):.1f})")
+            console.print(f"decode speed {q} / bfloat16, stage 04, side by side in one process: {mid:.2f}x (quartiles "
+                          f"{low:.2f}-{high:.2f} over {len(values)} turns; ms per token "
+                          f"{np.median(times['bfloat16']):.1f} / {np.median(times[q]):.1f})")
     return {"read bandwidth GB/s": bandwidth / 1e9, "rows": rows, "speed ratios": ratios, "side by side": side}
 
 
