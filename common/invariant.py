@@ -61,6 +61,9 @@ class RowTiled:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def place_weights(self, place) -> None:
+        """Moves the packed weights our CPU kernels read to ``place(tensor)`` (``common.native.arena``)."""
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         x = x.contiguous()
@@ -92,6 +95,10 @@ class Linear(RowTiled):
             self.ours = self.native_kernels.pack(weight.contiguous(), self.interleave)
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
+
+    def place_weights(self, place) -> None:
+        if self.ours is not None:
+            self.ours = place(self.ours)
 
     @property
     def backend(self) -> str:

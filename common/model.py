@@ -48,6 +48,7 @@ class Llama:
             })
         self.norm = w("model.norm.weight")
         self.lm_head = make.lm_head(config.tie_word_embeddings)
+        make.finish()
         d = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), inv_freq)

@@ -52,6 +52,7 @@ import torch
 
 from common import native
 from common.invariant import Linear, RowTiled
+from common.native.arena import WeightArena
 
 QUANTIZATIONS = ("int8", "int4")
 GROUP_SIZE = 32  # int4 weights per scale/zero: Q4_1's block
@@ -139,6 +140,10 @@ class Int8Linear(QuantizedLinear):
         self._qweight = q.to(device) if self.ours is None else None  # our CPU kernels keep only their packed copy
         self.scales = self.scales.to(device)
         self._scales_f32 = self.scales.float()
+
+    def place_weights(self, place) -> None:
+        if self.ours is not None:
+            self.ours = place(self.ours)
 
     @property
     def backend(self) -> str:
@@ -245,6 +250,10 @@ class Int4Linear(QuantizedLinear):
                   device: torch.device | str | None = None, plain: bool = False) -> "Int4Linear":
         return cls(*q4_1_groups(blocks), dtype=dtype, device=device, plain=plain)
 
+    def place_weights(self, place) -> None:
+        if self.records is not None:
+            self.records = place(self.records)
+
     @property
     def backend(self) -> str:
         if self.triton is not None:
@@ -296,6 +305,20 @@ class LinearFactory:
         self.quantization = parse_quantization(quantization, dtype, device)
         self.weights, self.dtype, self.device, self.plain = weights, dtype, device, plain
         self.built: dict[str, torch.Tensor | Int8Linear] = {}
+        # Our CPU kernels' packed weights, on 2 MiB pages (address space only: what is placed becomes resident)
+        reserve = 2 * sum(t.nbytes for t in weights.values()) if self.device.type == "cpu" and not plain else 0
+        self.arena = WeightArena(reserve) if reserve else None
+
+    def finish(self) -> None:
+        """Every linear is built."""
+        if self.arena is not None:
+            self.arena.finish()
+
+    def placed(self, linear):
+        """``linear``, its packed weights moved into the arena (if it has both)."""
+        if self.arena is not None:
+            linear.place_weights(self.arena.place)
+        return linear
 
     def dense(self, name: str) -> torch.Tensor:
         return self.weights[name].to(device=self.device, dtype=self.dtype)
@@ -308,23 +331,24 @@ class LinearFactory:
     def table(self, name: str) -> Int8Linear:
         """A token table (embedding or LM head) in int8, built once: a tied head and the lookup share it."""
         if name not in self.built:
-            self.built[name] = Int8Linear(self.weights[name], self.dtype, self.plain, self.device)
+            self.built[name] = self.placed(Int8Linear(self.weights[name], self.dtype, self.plain, self.device))
         return self.built[name]
 
     def lm_head(self, tied: bool):
         name = "model.embed_tokens.weight" if tied else "lm_head.weight"
         if self.quantization is None:
-            return Linear(self.embedding(name) if tied else self.dense(name), self.plain)
+            return self.placed(Linear(self.embedding(name) if tied else self.dense(name), self.plain))
         return self.table(name)
 
     def linear(self, names: list[str]):
         if self.quantization is None:
             weight = torch.cat([self.dense(n) for n in names]) if len(names) > 1 else self.dense(names[0])
-            return Linear(weight, self.plain)
+            return self.placed(Linear(weight, self.plain))
         if self.quantization == "int8":
-            return Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype, self.plain, self.device)
-        return Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype, self.device,
-                                    self.plain)
+            return self.placed(Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype, self.plain,
+                                          self.device))
+        return self.placed(Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype,
+                                                self.device, self.plain))
 
     def q4_1_blocks(self, name: str) -> np.ndarray:
         """The GGUF's own Q4_1 blocks when the checkpoint keeps them, else the dense weight quantized like them."""
