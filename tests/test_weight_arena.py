@@ -31,7 +31,7 @@ def test_placed_tensors_are_copies_in_the_arena():
     for t, p in zip(tensors, placed):
         assert torch.equal(t, p) and p.dtype == t.dtype and p.shape == t.shape
         assert low <= p.data_ptr() < high and p.data_ptr() % 4096 == 0
-    assert arena.placed_bytes == 3 * 4096 + 4096 * 2  # each on pages of its own: 600 B, 5,000 B, 12 B
+    assert arena.placed_bytes == 3 * 4096 + 4096 * 2  # each on pages of its own: 4,200 B, 5,000 B, 12 B
 
 
 def test_what_does_not_fit_stays_where_it_was(monkeypatch):

@@ -8,7 +8,7 @@ weights are 70 to 140 pages. Linux gives a process 2 MiB pages for memory it mar
 as on the machines measured); torch's allocator does not mark memory the size of one projection. So the
 model's packed weights are copied, one after another as they are built, into one private anonymous mapping
 so marked. The mapping reserves generous address space and only what is written becomes resident (in 2 MiB
-steps), so the model's memory grows by at most one page. Measured in ``stages/04_kernels/README.md``; no bit
+steps), so the model's memory grows by at most one page. Measured in README.md ("Weights on 2 MiB pages"); no bit
 changes (the same bytes, elsewhere).
 """
 from __future__ import annotations
