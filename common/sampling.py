@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+import numpy as np
 import torch
 
 from common.validate import InvalidParam, check_bool, check_int, check_text, clip
@@ -96,21 +97,51 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """Next token for one request from its float32 logits row [vocab]."""
+    """Next token for one request from its float32 logits row [vocab].
+
+    One uniform draw from the request's own generator, looked up in the cumulative distribution (inverse
+    transform sampling), rather than ``torch.multinomial``: on CPU that draws an exponential variate for every
+    entry of the vocabulary (0.86 ms a row at 49,152; this takes about 0.07 ms), which made a step of 32 sampled
+    requests spend longer sampling than running the model. top-p finds its head with NumPy's vectorized sort of the
+    probabilities alone (0.12 ms) instead of torch's sort with indices (3.5 ms). Every stage and the reference call
+    this function on one row at a time, so a request's tokens never depend on the batch."""
     if params.greedy:
         return int(torch.argmax(logits))
     logits = logits / params.temperature
     if params.top_k > 0 and params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = torch.softmax(sorted_logits, -1).cumsum(-1)
-        # Drop a token when the ones before it already reach top_p; always keep the first.
-        drop = (cumulative - torch.softmax(sorted_logits, -1)) >= params.top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        logits = logits.masked_fill(logits < kth_largest(logits, params.top_k), float("-inf"))
     probs = torch.softmax(logits, -1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    if params.top_p < 1.0:
+        probs = probs.masked_fill(~nucleus(probs, params.top_p), 0.0)
+    cumulative = probs.cumsum(0, dtype=torch.float64)
+    draw = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device) * cumulative[-1]
+    token = int(torch.searchsorted(cumulative, draw, right=True))  # the first entry whose cumulative mass exceeds it
+    if token >= probs.numel():  # the draw rounded up to the total: the last token that has any mass
+        token = int(torch.nonzero(probs)[-1])
+    return token
+
+
+def kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest entry of a 1-D tensor (k >= 1)."""
+    if values.device.type == "cpu":  # NumPy's selection: 0.08 ms at 49,152 entries, torch.topk 0.06-1.3 ms by k
+        return torch.tensor(np.partition(values.numpy(), values.numel() - k)[values.numel() - k])
+    return torch.topk(values, k).values[-1]
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The tokens top-p keeps, as a mask: in descending order of probability a token is dropped exactly when the
+    tokens ranked before it already hold ``top_p`` of the mass (vLLM's rule), so the kept set is the shortest head
+    that reaches ``top_p``. Of tokens tied at the head's last probability, the lowest ids are kept."""
+    cpu = probs.device.type == "cpu"
+    ordered = torch.from_numpy(np.sort(probs.numpy())[::-1].copy()) if cpu else probs.sort(descending=True).values
+    reached = (ordered.cumsum(0) - ordered >= top_p).cpu().numpy()  # the mass of the tokens ranked before each
+    kept = int(reached.argmax()) if reached.any() else ordered.numel()  # a prefix: the first token has 0 before it
+    last = ordered[kept - 1]
+    mask = probs >= last
+    surplus = int(mask.sum()) - kept  # tokens tied with the last kept one beyond the head's length
+    if surplus > 0:
+        mask.index_fill_(0, torch.nonzero(probs == last).view(-1)[-surplus:], False)
+    return mask
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:

@@ -1,7 +1,8 @@
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
-from common.sampling import SamplingParams, greedy_tokens, make_generator, sample, sample_batch
+from common.sampling import SamplingParams, greedy_tokens, make_generator, nucleus, sample, sample_batch
 
 
 @pytest.mark.parametrize("kwargs,field", [
@@ -120,3 +121,39 @@ def test_greedy_rows_of_a_batch_take_their_own_argmax():
     logits = torch.tensor([[0.0, 3.0, 1.0, 0.0], [2.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 5.0]])
     params = [SamplingParams(temperature=0)] * 3
     assert sample_batch(logits, params, [None] * 3) == [1, 0, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), vocab=st.sampled_from([5, 64, 1000, 49152]),
+       top_p=st.floats(0.01, 0.99), spread=st.sampled_from([0.1, 1.0, 4.0]))
+def test_the_nucleus_is_the_head_a_full_sort_finds(seed, vocab, top_p, spread):
+    """Oracle: the old sampler's definition, a full descending torch.sort and the drop rule on its cumulative sum.
+    Random logits have no ties, so the two agree on every token."""
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * spread
+    probs = torch.softmax(logits, -1)
+    ordered, order = torch.sort(probs, descending=True)
+    drop = (ordered.cumsum(-1) - ordered) >= top_p
+    expected = torch.zeros(vocab, dtype=torch.bool).scatter(0, order, ~drop)
+    assert torch.equal(nucleus(probs, top_p), expected)
+
+
+def test_of_tied_tokens_at_the_nucleus_edge_the_lowest_ids_stay():
+    probs = torch.tensor([0.1, 0.2, 0.1, 0.4, 0.1, 0.1])  # head 0.4, 0.2, then one of four tied at 0.1
+    assert nucleus(probs, 0.65).tolist() == [True, True, False, True, False, False]
+
+
+def test_a_draw_at_the_very_top_takes_the_last_token_with_mass(monkeypatch):
+    """The draw is scaled by the total mass; were it to round up to the total, no cumulative entry would exceed it."""
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(1, dtype=torch.float64))
+    logits = torch.log(torch.tensor([0.2, 0.5, 0.3, 0.0, 0.0]))
+    assert sample(logits, SamplingParams(temperature=1.0), torch.Generator()) == 2
+
+
+def test_one_uniform_draw_a_token_from_the_requests_stream():
+    """Inverse transform: the token is the first whose cumulative probability exceeds the request's next uniform."""
+    logits = torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4]))
+    gen, twin = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    for _ in range(50):
+        u = float(torch.rand(1, generator=twin, dtype=torch.float64))
+        cumulative = torch.softmax(logits, -1).double().cumsum(0)
+        assert sample(logits, SamplingParams(temperature=1.0), gen) == int((cumulative <= u * cumulative[-1]).sum())

@@ -80,7 +80,7 @@ def test_stop_string_spanning_tokens_is_not_emitted(reference, llm):
 
 @pytest.mark.parametrize("params, ending", [
     (SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), "length"),
-    (SamplingParams(temperature=1.0, seed=63, max_tokens=40), "eos"),  # seed found by search: EOS at token 7
+    (SamplingParams(temperature=1.0, seed=1146, max_tokens=40), "eos"),  # seed found by search: EOS at token 6
 ])
 def test_stop_strings_that_never_match_hold_nothing_back_at_the_end(reference, llm, params, ending):
     """While a request runs, the tail that could still grow into a stop string is held back; a request that ends
