@@ -153,3 +153,29 @@ def test_hf_baseline_counts_the_reference_tokens():
                                                                    for n in limits])
     assert row["output tokens"] == sum(len(r.token_ids) for r in ref)
     assert row["requests"] == 3 and row["prompt tokens"] == 12 and row["steps"] == 9 + 4
+
+
+def test_a_sampled_ladder_samples_every_request_with_its_own_seed_and_keeps_the_tokens(monkeypatch):
+    """--temperature / --top-p: each request sampled with its own seed (its index), so every stage must still give
+    the reference's tokens; the table then prices sampling, which a greedy ladder never pays."""
+    from common.llm import LLM
+    seen, real_generate = [], LLM.generate
+
+    def spy(self, prompts, params=None, **kw):
+        seen.append(params)
+        return real_generate(self, prompts, params, **kw)
+
+    monkeypatch.setattr(LLM, "generate", spy)
+    result = ladder.main(["--model", "tiny", "--workload", "random", "--num-requests", "5", "--max-tokens", "10",
+                          "--prompt-range", "4,30", "--max-num-seqs", "4", "--stages", "01,03", "--no-plain",
+                          "--no-hf", "--no-llama-cpp", "--temperature", "0.9", "--top-p", "0.8"])
+    batched = [p for p in seen if isinstance(p, list) and len(p) == 5]
+    assert batched and all([(q.temperature, q.top_p, q.seed) for q in p] == [(0.9, 0.8, i) for i in range(5)]
+                           for p in batched)
+    assert result["same_tokens"]["01 static"] and result["same_tokens"]["03 paged"]
+
+
+def test_hf_baseline_samples_with_temperature_and_top_p_alone():
+    from stages.bench import baselines
+    assert baselines.hf_sampling(0.0, 0.9) == {"do_sample": False}
+    assert baselines.hf_sampling(0.7, 0.9) == {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 0}

@@ -35,6 +35,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--system-prompt", action="store_true", help="chat prompts share a long system prompt")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample every request at this temperature, each with its own seed (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
     ap.add_argument("--kv-memory", default=None,
                     help="KV budget ('192MiB', '2GB', bytes, or a fraction of free memory); stages 01-02 get "
                          "as many max_model_len slots as it holds")
@@ -85,6 +88,7 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
         system = workloads.SYSTEM_PROMPT if args.system_prompt else None
         prompts, params = workloads.build(args.workload, llm.tokenizer, args.num_requests, args.max_tokens,
                                           llm.config.vocab_size, system=system)
+        params = workloads.sampled(params, args.temperature, args.top_p)
         outputs = llm.generate(prompts, params, progress=True)
         name = STAGE_NAMES.get(module, module)
         failed = [o for o in outputs if o.finish_reason == "error"]

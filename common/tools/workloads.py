@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from common.sampling import SamplingParams
 
@@ -75,3 +76,12 @@ def build(name: str, tokenizer, n: int, max_tokens: int, vocab: int, seed: int =
     if name == "random":
         return random_lengths(n, output_range=(8, max_tokens), vocab=vocab, seed=seed)
     raise ValueError(f"unknown workload {name!r}: use toy, chat or random")
+
+
+def sampled(params: list[SamplingParams], temperature: float = 0.0, top_p: float = 1.0) -> list[SamplingParams]:
+    """The workload's requests sampled instead of greedy (``temperature`` > 0), each with its own seed (its index),
+    so every stage must still give each request the reference's tokens. vLLM's throughput benchmark samples
+    (temperature 1); a greedy ladder never pays for sampling."""
+    if temperature <= 0 and top_p >= 1.0:
+        return params
+    return [replace(p, temperature=temperature, top_p=top_p, seed=i) for i, p in enumerate(params)]

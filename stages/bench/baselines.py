@@ -1,7 +1,8 @@
 """What a learner would otherwise use, run on the same workload: HF `generate`, and llama.cpp.
 
 * `hf_generate`: `transformers` on the same prepared checkpoint folder (dense weights, same
-  dtype), left-padded static batches in arrival order, greedy, `max_new_tokens` per batch.
+  dtype), left-padded static batches in arrival order, greedy (or sampled: the ladder's `--temperature` and
+  `--top-p`), `max_new_tokens` per batch.
 * `llama_cpp`: `llama-cpp-python` on the same GGUF file (its own 4-bit weights), one request
   after another, the way a script calls it. Optional: it compiles from source (minutes).
 
@@ -29,7 +30,7 @@ def row(name: str, n: int, prompt_tokens: int, output_tokens: int, wall: float, 
 
 
 def hf_generate(folder, prompts: list[list[int]], max_tokens: list[int], eos: int, batch_size: int,
-                dtype: torch.dtype) -> Row:
+                dtype: torch.dtype, temperature: float = 0.0, top_p: float = 1.0) -> Row:
     from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
     from transformers.utils import logging
 
@@ -52,8 +53,8 @@ def hf_generate(folder, prompts: list[list[int]], max_tokens: list[int], eos: in
         limit = max(max_tokens[b:b + batch_size])
         times: list[float] = []
         with torch.inference_mode():
-            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=limit, do_sample=False,
-                                 eos_token_id=eos, pad_token_id=eos,
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=limit, eos_token_id=eos,
+                                 pad_token_id=eos, **hf_sampling(temperature, top_p),
                                  stopping_criteria=StoppingCriteriaList([StepClock()]))
         steps += len(times)
         for i, seq in enumerate(gen[:, width:].tolist()):
@@ -67,6 +68,14 @@ def hf_generate(folder, prompts: list[list[int]], max_tokens: list[int], eos: in
                tpot, steps)
 
 
+def hf_sampling(temperature: float, top_p: float) -> dict:
+    """generate()'s arguments for our sampling: greedy, or temperature and top-p alone (no top-k: HF's default of
+    50 would cut what ours keeps)."""
+    if temperature <= 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+
+
 def llama_cpp_available() -> bool:
     try:
         import llama_cpp  # noqa: F401
@@ -75,7 +84,8 @@ def llama_cpp_available() -> bool:
     return True
 
 
-def llama_cpp(gguf_path, prompts: list[list[int]], max_tokens: list[int], threads: int) -> Row:
+def llama_cpp(gguf_path, prompts: list[list[int]], max_tokens: list[int], threads: int, temperature: float = 0.0,
+              top_p: float = 1.0) -> Row:
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(gguf_path), n_ctx=4096, n_threads=threads, n_batch=512, verbose=False)
@@ -83,7 +93,9 @@ def llama_cpp(gguf_path, prompts: list[list[int]], max_tokens: list[int], thread
     out_tokens, ttft, tpot = 0, [], []
     for prompt, limit in zip(prompts, max_tokens):
         times = []
-        for chunk in llm.create_completion(prompt, max_tokens=limit, temperature=0.0, stream=True):
+        # temperature and top-p alone, as ours: llama.cpp's top-k (40) and min-p (0.05) off, no repeat penalty
+        for chunk in llm.create_completion(prompt, max_tokens=limit, temperature=temperature, top_p=top_p, top_k=0,
+                                           min_p=0.0, repeat_penalty=1.0, stream=True):
             choice = chunk["choices"][0]
             if choice["text"] or choice["finish_reason"] is None:  # the closing chunk carries no token
                 times.append(time.perf_counter())

@@ -75,6 +75,7 @@ def main(argv=None) -> dict:
         prompts, params = workloads.build(args.workload, ref.tokenizer, args.num_requests, args.max_tokens,
                                           ref.config.vocab_size,
                                           system=workloads.SYSTEM_PROMPT if args.system_prompt else None)
+    params = workloads.sampled(params, args.temperature, args.top_p)
     ids = [p if isinstance(p, list) else ref.tokenizer.encode(p) for p in prompts]
     alone = single_request(ref, ids[0], read_bw, rounds=args.rounds)
     del ref
@@ -171,14 +172,16 @@ def run_baselines(args, ids, params, console) -> tuple[dict, list[str]]:
     if not args.no_hf and not all(p.ignore_eos for p in params):
         best = None
         for bs in map(int, args.hf_batch_sizes.split(",")):
-            r = baselines.hf_generate(resolve_model(args.model), ids, limits, 2, bs, getattr(torch, args.dtype))
+            r = baselines.hf_generate(resolve_model(args.model), ids, limits, 2, bs, getattr(torch, args.dtype),
+                                      args.temperature, args.top_p)
             console.print(f"{r['engine']}: {r['output tok/s']:.1f} output tok/s")
             best = r if best is None or r["output tok/s"] > best["output tok/s"] else best
         base["HF"] = best
     elif not args.no_hf:
         notes.append("HF generate skipped: this workload ignores EOS, which generate cannot do per request")
     if not args.no_llama_cpp and baselines.llama_cpp_available() and args.model == "smollm2-135m":
-        base["llama.cpp"] = baselines.llama_cpp(smollm2_gguf_path(), ids, limits, os.cpu_count())
+        base["llama.cpp"] = baselines.llama_cpp(smollm2_gguf_path(), ids, limits, os.cpu_count(), args.temperature,
+                                                args.top_p)
         console.print(f"llama.cpp: {base['llama.cpp']['output tok/s']:.1f} output tok/s")
     elif not args.no_llama_cpp:
         notes.append("llama.cpp skipped: llama-cpp-python is not installed (make bench builds it; minutes)")
