@@ -8,8 +8,8 @@ weights are 70 to 140 pages. Linux gives a process 2 MiB pages for memory it mar
 as on the machines measured); torch's allocator does not mark memory the size of one projection. So the
 model's packed weights are copied, one after another as they are built, into one private anonymous mapping
 so marked. The mapping reserves generous address space and only what is written becomes resident (in 2 MiB
-steps), so the model's memory grows by at most one page. Measured in README.md ("Weights on 2 MiB pages"); no bit
-changes (the same bytes, elsewhere).
+steps), and the heap's copies are handed back, so the process holds what it held before. Measured in README.md
+("Weights on 2 MiB pages"); no bit changes (the same bytes, elsewhere).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import os
 import torch
 
 HUGE_PAGE = 2 << 20
-ALIGN = 4096  # each weight starts on a page of its own, so no two weights share a line
+ALIGN = 4096  # each weight starts on a 4 KiB page of its own (and so on a 64-byte line, as the kernels read)
 TRIM_EVERY = 32 << 20  # bytes placed between two returns of freed heap memory (each takes ~15 ms)
 
 
@@ -54,7 +54,6 @@ class WeightArena:
         copy = self.tensor[self.used:self.used + n].view(t.dtype).view(t.shape)
         copy.copy_(t)
         self.used += -(-n // ALIGN) * ALIGN
-        del t
         if self.used - self.trimmed_at >= TRIM_EVERY:
             _give_back_freed_memory()
             self.trimmed_at = self.used
