@@ -157,3 +157,28 @@ def test_one_uniform_draw_a_token_from_the_requests_stream():
         u = float(torch.rand(1, generator=twin, dtype=torch.float64))
         cumulative = torch.softmax(logits, -1).double().cumsum(0)
         assert sample(logits, SamplingParams(temperature=1.0), gen) == int((cumulative <= u * cumulative[-1]).sum())
+
+
+@pytest.mark.parametrize("spread, top_p", [(4.0, 0.5), (4.0, 0.95), (0.2, 0.9), (1.0, 0.999)])
+def test_the_nucleus_found_in_the_head_is_the_one_the_whole_row_gives(spread, top_p, monkeypatch):
+    """Peaked rows find their nucleus among the largest 1,024 probabilities, flat ones need the whole row; forcing the
+    whole row every time must not change a token of the kept set."""
+    import common.sampling as sampling
+    probs = torch.softmax(torch.randn(49152, generator=torch.Generator().manual_seed(7)) * spread, -1)
+    from_head = nucleus(probs, top_p)
+    whole_row = sampling.descending_heads
+    monkeypatch.setattr(sampling, "descending_heads", lambda p: whole_row(p, first=p.numel()))
+    assert torch.equal(nucleus(probs, top_p), from_head)
+
+
+def test_drawing_among_the_kept_tokens_is_drawing_from_the_masked_row():
+    """With top-p the draw runs over the kept tokens' probabilities alone; over the whole row with the others zeroed
+    (their exact zeros change no cumulative sum) the same uniform gives the same token."""
+    logits = torch.randn(49152, generator=torch.Generator().manual_seed(3)) * 3
+    params = SamplingParams(temperature=0.9, top_p=0.8)
+    gen, twin = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    for _ in range(40):
+        probs = torch.softmax(logits / 0.9, -1)
+        masked = probs.masked_fill(~nucleus(probs, 0.8), 0.0).double().cumsum(0)
+        u = float(torch.rand(1, generator=twin, dtype=torch.float64))
+        assert sample(logits, params, gen) == int((masked <= u * masked[-1]).sum())
