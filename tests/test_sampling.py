@@ -182,3 +182,11 @@ def test_drawing_among_the_kept_tokens_is_drawing_from_the_masked_row():
         masked = probs.masked_fill(~nucleus(probs, 0.8), 0.0).double().cumsum(0)
         u = float(torch.rand(1, generator=twin, dtype=torch.float64))
         assert sample(logits, params, gen) == int((masked <= u * masked[-1]).sum())
+
+
+def test_a_draw_of_zero_never_takes_a_token_without_mass(monkeypatch):
+    """u = 0 lands on the first cumulative entry above 0, never on a masked token at the front."""
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros(1, dtype=torch.float64))
+    logits = torch.tensor([float("-inf"), float("-inf"), 0.3, 0.1])
+    assert sample(logits, SamplingParams(temperature=1.0), torch.Generator()) == 2
+    assert sample(torch.tensor([-5.0, 3.0, 2.0, 1.0]), SamplingParams(temperature=1.0, top_k=2), torch.Generator()) == 1

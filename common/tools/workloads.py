@@ -82,6 +82,6 @@ def sampled(params: list[SamplingParams], temperature: float = 0.0, top_p: float
     """The workload's requests sampled instead of greedy (``temperature`` > 0), each with its own seed (its index),
     so every stage must still give each request the reference's tokens. vLLM's throughput benchmark samples
     (temperature 1); a greedy ladder never pays for sampling."""
-    if temperature <= 0 and top_p >= 1.0:
+    if temperature <= 0:  # greedy: top-p has nothing to cut
         return params
     return [replace(p, temperature=temperature, top_p=top_p, seed=i) for i, p in enumerate(params)]
