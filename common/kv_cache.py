@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.attention import KEY_TILE, AttentionMetadata, attention
+from common.numerics import KEY_TILE, AttentionMetadata, attention
 from common.config import ModelConfig
 
 

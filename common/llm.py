@@ -14,7 +14,8 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.loader import load_model, parse_dtype, resolve_device
-from common.paths import DEFAULT_MODEL, resolve_model
+from common.paths import DEFAULT_MODEL
+from common.prepare import resolve_model
 from common.sampling import SamplingParams
 from common.sequence import RequestMetrics, RequestOutput, Sequence
 from common.engine import StepResult
@@ -49,7 +50,7 @@ class LLM:
         self.batch_invariant = batch_invariant
         self.model = load_model(self.folder, self.dtype, self.device, self.engine_class.model_class,
                                 batch_invariant=batch_invariant, quantization=quantization)
-        self.quantization = self.model.quantization  # None, 'int8' or 'int4' weights (common.quant)
+        self.quantization = self.model.quantization  # None, 'int8' or 'int4' weights (common.numerics.quant)
         self.config = self.model.config
         self.tokenizer = Tokenizer(self.folder)
         limit = self.config.max_position_embeddings

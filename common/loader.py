@@ -52,7 +52,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | None = "auto",
                model_class: type[Llama] = Llama, batch_invariant: bool = True,
                quantization: str | None = None) -> Llama:
-    """quantization: None (the dtype throughout), 'int8' or 'int4' weights (see common.quant)."""
+    """quantization: None (the dtype throughout), 'int8' or 'int4' weights (see common.numerics.quant)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     files = sorted(folder.glob("*.safetensors"))

@@ -4,8 +4,8 @@ The model does not own a KV cache. Each layer hands its new q, k, v to an
 ``AttentionBackend`` supplied by whoever runs the step: the reference uses a
 contiguous cache, stage 01 a padded batch buffer, stage 02 per-slot buffers,
 stage 03 paged blocks. The rest of the model is the same code for all of them.
-Matmuls go through ``common.invariant`` and attention through ``common.attention``, so no
-result depends on the batch; the element-wise math is ``common.ops``.
+Everything numeric (the linears, attention, the element-wise ops) comes through one door,
+``common.numerics``, whose contract is that no row's result depends on its batch.
 """
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ from typing import Protocol
 
 import torch
 
-from common import ops
 from common.config import ModelConfig
-from common.attention import describe_attention
-from common.invariant import ROW_TILE, choose_row_tile
-from common.quant import LinearFactory
+from common.numerics import ROW_TILE, LinearFactory, choose_row_tile, describe_attention, ops  # the one door
 
 
 class AttentionBackend(Protocol):
@@ -29,7 +26,7 @@ class Llama:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", batch_invariant: bool = True, quantization: str | None = None):
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
-        # 16-bit, int8 or int4 (common.quant); plain math (no batch invariance) takes torch's own linears
+        # 16-bit, int8 or int4 (common.numerics.quant); plain math (no batch invariance) takes torch's own linears
         make = LinearFactory(weights, quantization, dtype, self.device, plain=not batch_invariant)
         self.quantization = make.quantization
         w = make.dense
@@ -71,7 +68,7 @@ class Llama:
             parts.append(self.lm_head)
         return sum(t.nbytes for t in parts)
 
-    # ---- the element-wise operations stage 04 replaces with fused kernels (common.ops) ----------
+    # ---- the element-wise operations stage 04 replaces with fused kernels (common.numerics.ops) ----------
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor):
         return ops.add_rms_norm(x, residual, weight, self.config.rms_norm_eps)
 

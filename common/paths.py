@@ -1,4 +1,4 @@
-"""Where prepared checkpoints live, and how a model name becomes a folder.
+"""Where prepared checkpoints live (``common.prepare.resolve_model`` turns a model name into one of them).
 
 Checkpoints are written under ``$STEPWISE_HOME`` (default ``~/.cache/stepwise``).
 ``smollm2-135m`` names the default model, prepared from the GGUF file that the
@@ -48,22 +48,3 @@ def smollm2_gguf_path() -> Path:
 
 def checkpoint_dir(name: str, dtype: str) -> Path:
     return home() / f"{name}-{dtype}"
-
-
-def resolve_model(model: str | os.PathLike, checkpoint_dtype: str = "float32") -> Path:
-    """A checkpoint folder for ``model``: a path as given, or a named model, prepared on first use."""
-    model = str(model)
-    if model in (DEFAULT_MODEL, "tiny"):
-        from common.prepare import prepare_smollm2, prepare_tiny
-
-        folder = checkpoint_dir(model, checkpoint_dtype)
-        if model == "tiny":
-            return prepare_tiny(folder, dtype=checkpoint_dtype, quiet=True)
-        return prepare_smollm2(folder, dtype=checkpoint_dtype, quiet=True)
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"model {model!r} is neither a checkpoint folder nor a known name "
-            f"({DEFAULT_MODEL!r}, 'tiny'); prepare one with `python -m common.prepare`"
-        )
-    return path

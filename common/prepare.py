@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,12 +25,12 @@ from rich.progress import track
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from common.paths import checkpoint_dir, smollm2_gguf_path
-from common.quant import Q4_1_SUFFIX, QUANTIZATIONS, precision_bytes
+from common.paths import DEFAULT_MODEL, checkpoint_dir, smollm2_gguf_path
+from common.numerics.quant import Q4_1_SUFFIX, QUANTIZATIONS, precision_bytes
 from common.tokenizer import build_tokenizer_files
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-Q4_1_FILE = "q4_1.safetensors"  # the GGUF's 4-bit blocks of each projection, for int4 (common.quant)
+Q4_1_FILE = "q4_1.safetensors"  # the GGUF's 4-bit blocks of each projection, for int4 (common.numerics.quant)
 GGUF_TO_HF = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -135,7 +136,7 @@ def prepare_smollm2(folder: Path | None = None, dtype: str = "float32", quiet: b
             if heads:
                 w = unpermute_qk(w, heads)
             tensors[hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w)).to(DTYPES[dtype])
-            if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:  # kept as they are for int4 (common.quant)
+            if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:  # kept as they are for int4 (common.numerics.quant)
                 raw = unpermute_qk(t.data, heads) if heads else t.data
                 blocks[hf_name(t.name).removesuffix(".weight") + Q4_1_SUFFIX] = torch.from_numpy(np.array(raw))
         if not quiet:
@@ -196,6 +197,23 @@ def prepare_tiny(folder: Path | None = None, dtype: str = "float32", seed: int =
         build_tokenizer_files(gguf.GGUFReader(smollm2_gguf_path()), tmp, vocab_size=v)
 
     return write_atomically(folder, write)
+
+
+def resolve_model(model: str | os.PathLike, checkpoint_dtype: str = "float32") -> Path:
+    """A checkpoint folder for ``model``: a path as given, or a named model, prepared on first use."""
+    model = str(model)
+    if model in (DEFAULT_MODEL, "tiny"):
+        folder = checkpoint_dir(model, checkpoint_dtype)
+        if model == "tiny":
+            return prepare_tiny(folder, dtype=checkpoint_dtype, quiet=True)
+        return prepare_smollm2(folder, dtype=checkpoint_dtype, quiet=True)
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model {model!r} is neither a checkpoint folder nor a known name "
+            f"({DEFAULT_MODEL!r}, 'tiny'); prepare one with `python -m common.prepare`"
+        )
+    return path
 
 
 def main(argv=None) -> None:

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.paths import resolve_model  # noqa: E402
+from common.prepare import resolve_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ import importlib
 
 from common import ReferenceLLM
 from common.tools import workloads
-from common.tools.cli import parser
+from stages.cli import parser
 
 ablation = importlib.import_module("stages.03_paged_kv.ablation")
 

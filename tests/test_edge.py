@@ -1,8 +1,9 @@
-"""common.tools.edge: the per-precision measurement runs in a fresh process and reports figures that add up."""
+"""stages/bench/edge.py: the per-precision measurement runs in a fresh process and reports figures that add up."""
 import pytest
 
-from common.tools import edge, roofline
-from common.quant import precision_bytes
+from common.numerics.quant import precision_bytes
+from common.tools import roofline
+from stages.bench import edge, edge_measure
 
 
 def test_read_bandwidth_is_positive_and_finite():
@@ -29,7 +30,7 @@ def test_a_fresh_process_measures_one_precision(tiny_folder, quantization):
 def test_time_per_call_fit_recovers_a_fixed_cost_and_a_bandwidth():
     """The fit against made-up calls: 7 µs each plus their bytes at 25 GB/s."""
     samples = [(b, 7e-6 + b / 25e9) for b in (331_776, 552_960, 1_769_472, 884_736, 28_311_552)]
-    fixed, bandwidth = edge.time_per_call_fit(samples)
+    fixed, bandwidth = edge_measure.time_per_call_fit(samples)
     assert fixed == pytest.approx(7e-6, rel=1e-6) and bandwidth == pytest.approx(25e9, rel=1e-6)
 
 

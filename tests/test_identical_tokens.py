@@ -116,7 +116,7 @@ def test_every_stage_gives_the_reference_tokens_quantized(quantized_reference, w
 @pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2-135m", marks=pytest.mark.real_model)])
 def test_every_stage_on_cuda_gives_the_same_tokens(model, quantization):
     """On CUDA (device='auto' picks it) every stage, stage 04's Triton kernels included, gives the reference's
-    tokens: chunked prefill, preemption and a shared prefix in the mix; quantized, on common.quant_cuda's kernels."""
+    tokens: chunked prefill, preemption and a shared prefix in the mix; quantized, on quant_cuda.py's kernels."""
     ref = ReferenceLLM(model, dtype="bfloat16", device="cuda", quantization=quantization)
     prompts = [list(range(3 + i, 40 + 7 * i)) for i in range(6)] + [list(range(3, 40))]
     params = [SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=24, ignore_eos=True) for i in range(7)]

@@ -1,4 +1,4 @@
-"""The design that makes batched and unbatched results bit-identical (common/invariant.py, common/attention.py).
+"""The design that makes batched and unbatched results bit-identical (common/numerics/invariant.py, attention*.py).
 
 Data is drawn by hypothesis (seeds, scales, shapes), in float32 and bfloat16."""
 import math
@@ -8,13 +8,15 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from common import native, ops
-from common import attention as attention_module
-from common.attention import AttentionMetadata, attention, decode_tile_rows
-from common.invariant import CANDIDATE_TILES, ROW_TILE, Linear, choose_row_tile, find_row_tile, order_revealing_rows
+from common.numerics import native, ops
+from common.numerics import attention_tiles as attention_module
+from common.numerics.attention import AttentionMetadata, attention
+from common.numerics.attention_tiles import decode_tile_rows
+from common.numerics.invariant import (CANDIDATE_TILES, ROW_TILE, Linear, choose_row_tile, find_row_tile,
+                                       order_revealing_rows)
 
 DTYPES = [torch.float32, torch.bfloat16]
-# The compiled CPU kernel where this machine builds it (common.native), and the tensor-op tiles everywhere.
+# The compiled CPU kernel where this machine builds it (common.numerics.native), and the tensor-op tiles everywhere.
 IMPLEMENTATIONS = [False] + ([True] if native.load() else [])
 CPU = torch.device("cpu")
 SMOLLM2_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]  # qkv, o, gate_up, down, head
@@ -66,7 +68,7 @@ def test_tile_check_finds_a_tile_and_rejects_a_batch_dependent_matmul():
 def test_a_cached_tile_is_keyed_on_our_kernels_source(monkeypatch):
     """The row tile found for our kernel is cached per machine; an edited kernel must be checked again, not
     trusted from the cache: its source is part of the key (a torch backend's key does not change with it)."""
-    import common.invariant as invariant
+    import common.numerics.invariant as invariant
 
     args = (torch.bfloat16, CPU, [("Linear", 576, 576)])
     ours = invariant._machine_key("AMX kernel (stepwise)", *args)
@@ -242,7 +244,7 @@ def test_plain_math_step_is_close_to_the_invariant_one():
     """The same step on the real model, plain math vs batch-invariant math: the logits agree closely."""
     from common.kv_cache import ContiguousKVCache
     from common.loader import load_model
-    from common.paths import resolve_model
+    from common.prepare import resolve_model
     logits = {}
     for invariant in (True, False):
         model = load_model(resolve_model("smollm2-135m"), "float32", batch_invariant=invariant)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import ops
+from common.numerics import ops
 
 pytest.importorskip("triton")
 ew = importlib.import_module("stages.04_kernels.elementwise")
@@ -27,8 +27,8 @@ def randn(*shape, dtype=torch.float32, seed=0):
 
 
 def same_as_reference(got, expected, dtype):
-    """Compiled on CUDA the kernels reproduce common.ops bit for bit; the CPU interpreter is bit-exact in float32
-    only (it truncates float32 -> 16-bit stores instead of rounding, and its exp is numpy's)."""
+    """Compiled on CUDA the kernels reproduce common.numerics.ops bit for bit; the CPU interpreter is bit-exact in
+    float32 only (it truncates float32 -> 16-bit stores instead of rounding, and its exp is numpy's)."""
     if DEVICE == "cuda" or dtype == torch.float32:
         assert torch.equal(got, expected)
     else:

@@ -8,8 +8,8 @@ import pytest
 
 from common import ReferenceLLM, SamplingParams
 from common.tools import workloads
-from common.tools.cli import STAGE_NAMES, make_llm
-from common.paths import resolve_model
+from stages.cli import STAGE_NAMES, make_llm
+from common.prepare import resolve_model
 
 ladder = importlib.import_module("stages.__main__")
 runs = importlib.import_module("stages.bench.runs")  # where the ladder builds each stage's engine

@@ -1,4 +1,4 @@
-"""Our linears (common/native/linear.cpp: AMX, and linear_avx512.h's two kernels where there is no AMX): a row's
+"""Our linears (numerics/native/linear.cpp: AMX, and linear_avx512.h's two kernels where there is no AMX): a row's
 bits never depend on the call's other rows, and the result is the product torch computes in float32, within
 bfloat16 rounding. Each test runs on every kernel this CPU has (the AVX-512 ones on AMX machines too, through
 STEPWISE_LINEAR); where it has none, torch's linears run (tests/test_invariance.py and tests/test_quant.py cover
@@ -7,9 +7,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from common import native
-from common.invariant import Linear
-from common.quant import Int8Linear
+from common.numerics import native
+from common.numerics.invariant import Linear
+from common.numerics.int8 import Int8Linear
 
 AVX512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
 KERNELS = [name for name, available in (("AMX", native.amx_linear_ready()), ("AVX-512 BF16", AVX512),
@@ -126,7 +126,7 @@ def test_the_kernel_follows_from_the_cpu_and_a_bad_choice_is_named(monkeypatch):
 @pytest.mark.parametrize("kind", ["bfloat16", "int8"])
 @pytest.mark.parametrize("out_features", [64, 96, 48])  # 4, 6 and 3 blocks of 16: grouped by 4, by 2, not at all
 def test_interleaved_blocks_give_the_bits_of_blocks_in_order(kernel, kind, out_features):
-    """For the AVX-512 kernels `pack` interleaves the lines of groups of blocks (common.native.block_interleave): the
+    """For the AVX-512 kernels `pack` interleaves the lines of groups of blocks (numerics.native.block_interleave): the
     layout moves bytes, never a result. And the kernel must be told the layout: read as the other, it gives others."""
     if kernel == "AMX":
         pytest.skip("AMX's tiles read blocks in order only")

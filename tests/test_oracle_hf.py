@@ -84,7 +84,7 @@ def test_greedy_64_tokens_match_transformers(hf_models, reference, i):
     assert ours.token_ids == hf
 
 
-# ---- int4: the GGUF's own 4-bit weights (common/quant.py) ------------------------------------------------------
+# ---- int4: the GGUF's own 4-bit weights (numerics/quant.py) ------------------------------------------------------
 @pytest.fixture(scope="module")
 def int4_reference():
     return ReferenceLLM("smollm2-135m", quantization="int4")
@@ -108,7 +108,8 @@ def test_int4_weights_are_the_ggufs(hf_models, int4_reference, real_folder):
     from safetensors import safe_open
     from test_quant import kernel_weights
 
-    from common.quant import Q4_1_SUFFIX, q4_1_groups
+    from common.numerics.int4 import q4_1_groups
+    from common.numerics.quant import Q4_1_SUFFIX
 
     from_gguf, _ = hf_models
     ours = int4_reference.model.layers[0]["qkv"].records is not None

@@ -1,4 +1,4 @@
-"""Quantized linears (common/quant.py): the kernels' conventions, batch invariance, the GGUF's own 4-bit groups."""
+"""Quantized linears (numerics/int8.py, int4.py): conventions, batch invariance, the GGUF's 4-bit groups."""
 import numpy as np
 import pytest
 import torch
@@ -6,9 +6,10 @@ from hypothesis import given, settings, strategies as st
 from safetensors import safe_open
 
 from common import ReferenceLLM
-from common.invariant import CANDIDATE_TILES, ROW_TILE, choose_row_tile
-from common.quant import (GROUP_SIZE, Q4_1_SUFFIX, Int4Linear, Int8Linear, q4_1_groups, q4_1_quantize,
-                          precision_bytes)
+from common.numerics.invariant import CANDIDATE_TILES, ROW_TILE, choose_row_tile
+from common.numerics.int4 import Int4Linear, q4_1_groups, q4_1_quantize
+from common.numerics.int8 import Int8Linear
+from common.numerics.quant import GROUP_SIZE, Q4_1_SUFFIX, precision_bytes
 
 SMOLLM2_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down: [out, in]
 
@@ -20,7 +21,7 @@ def random_q4_1(shape, seed):
 
 
 def kernel_weights(blocks: np.ndarray) -> torch.Tensor:
-    """What the int4 kernel must multiply by, from the Q4_1 blocks, written independently of common.quant:
+    """What the int4 kernel must multiply by, from the Q4_1 blocks, written independently of common.numerics.quant:
     w = d * q + m becomes (q - 8) * scale + zero with scale = d, zero = m + 8 d, each rounded to bfloat16."""
     rows = blocks.shape[0]
     b = blocks.reshape(rows, -1, 20)
@@ -148,7 +149,7 @@ def test_smollm2_sizes():
     """The figures `python -m common.prepare` prints: 269 MB at 16 bits; int8 and int4 with their scales."""
     from common.config import ModelConfig
     from common.loader import expected_shapes
-    from common.paths import resolve_model
+    from common.prepare import resolve_model
 
     shapes = expected_shapes(ModelConfig.from_folder(resolve_model("smollm2-135m")))
     proj = sum(np.prod(s) for n, s in shapes.items() if n.endswith("_proj.weight"))  # 106,168,320

@@ -1,4 +1,4 @@
-"""The quantized linears' CUDA path (common/quant_cuda.py): Triton kernels, interpreted here on CPU (TRITON_INTERPRET=1,
+"""The quantized linears' CUDA path (numerics/quant_cuda.py): Triton, interpreted here on CPU (TRITON_INTERPRET=1,
 set in conftest) or compiled on a GPU. Oracles: torch's float32 matmul on the dequantized weights, gguf's own Q4_1
 decoder, and a row's bits alone. (The sm_90 compile of both kernels is in tests/test_kernels.py.)"""
 import importlib
@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from common import ReferenceLLM, SamplingParams, quant
+from common import ReferenceLLM, SamplingParams
+from common.numerics import int4, int8
 from common.kv_cache import ContiguousKVCache
-from common.quant import Int4Linear, Int8Linear, q4_1_groups, q4_1_quantize
+from common.numerics.int4 import Int4Linear, q4_1_groups, q4_1_quantize
+from common.numerics.int8 import Int8Linear
 
 pytest.importorskip("triton")
-qc = importlib.import_module("common.quant_cuda")
+qc = importlib.import_module("common.numerics.quant_cuda")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter truncates float32 -> bfloat16 stores: up to one bfloat16 step (2^-7 relative) off.
@@ -92,9 +94,10 @@ def test_a_quantized_model_on_the_triton_path_gives_the_reference_tokens(monkeyp
     step), so two short requests, and the row-tile check (minutes interpreted) is replaced by a tile of 16: the
     rows' independence is checked directly by test_a_rows_bits_do_not_depend_on_the_other_rows."""
     cpu_model = ReferenceLLM(str(tiny_folder), dtype="bfloat16", quantization=q, device="cpu").model
-    monkeypatch.setattr(quant, "cuda_kernels", lambda device: qc)
-    monkeypatch.setattr("common.invariant.home", lambda: tmp_path)
-    monkeypatch.setattr("common.invariant.find_row_tile", lambda *args: 16)
+    for module in (int8, int4):
+        monkeypatch.setattr(module, "cuda_kernels", lambda device: qc)
+    monkeypatch.setattr("common.numerics.invariant.home", lambda: tmp_path)
+    monkeypatch.setattr("common.numerics.invariant.find_row_tile", lambda *args: 16)
     ref = ReferenceLLM(str(tiny_folder), dtype="bfloat16", quantization=q, device="cpu")
     linears = [ref.model.lm_head] + [layer[n] for layer in ref.model.layers for n in ("qkv", "o", "gate_up", "down")]
     assert all(lin.backend.startswith("Triton") for lin in linears)

@@ -106,7 +106,7 @@ def test_32_concurrent_streaming_clients(tiny_server, tiny_ref):
 def test_the_load_runs_reader_counts_what_the_server_streams(tiny_ref):
     """`load`'s bare HTTP/1.1 reader (chunked transfer, SSE events) counts the reference's tokens for each request,
     times them, sends the API key, and says why a refused request failed."""
-    load = importlib.import_module("stages.05_streaming.load")
+    load = importlib.import_module("stages.05_streaming.server.load")
     questions = [load.CHAT_QUESTIONS[i % len(load.CHAT_QUESTIONS)] for i in range(6)]
     want = tiny_ref.generate([tiny_ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])
                               for q in questions], SamplingParams(temperature=0, max_tokens=12))

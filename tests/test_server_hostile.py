@@ -12,7 +12,7 @@ from common import ReferenceLLM, SamplingParams
 from workloads import Server, wait_until
 
 streaming = importlib.import_module("stages.05_streaming")
-server_module = importlib.import_module("stages.05_streaming.server")
+server_module = importlib.import_module("stages.05_streaming.server.app")
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 BASE = {"model": "tiny", "prompt": "Hi", "max_tokens": 4}
 MSG = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}

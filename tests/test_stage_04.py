@@ -77,13 +77,13 @@ def test_gpu_check_refuses_without_cuda():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.real_model
 def test_fused_cpu_kernels_give_the_reference_bits(dtype):
-    """The fused C++ kernels against common.ops' eager functions: hidden states and logits bit for bit,
+    """The fused C++ kernels against common.numerics.ops' eager functions: hidden states and logits bit for bit,
     on the real model, for a step that mixes a prefill chunk with decodes."""
     import torch
 
     from common.kv_cache import ContiguousKVCache
     from common.loader import load_model
-    from common.paths import resolve_model
+    from common.prepare import resolve_model
     from stages import __name__ as _  # noqa: F401
     kernel_model = importlib.import_module("stages.04_kernels.model")
     folder = resolve_model("smollm2-135m")
@@ -107,7 +107,7 @@ def test_fused_cpu_kernels_give_the_reference_bits(dtype):
 def test_a_decode_step_runs_the_same_tensor_operations_at_any_context_length(native, monkeypatch):
     """The fusion report's counter on stage 03's step: attention is a fixed number of operations per layer, so
     a step at ~20 tokens of context and one at ~90 (a second 64-key tile) run the same operations."""
-    from common import native as compiled
+    from common.numerics import native as compiled
     if native and not compiled.load():
         pytest.skip(f"the CPU attention kernel {compiled.build_note()}")
     monkeypatch.setenv("STEPWISE_NATIVE_ATTENTION", "1" if native else "0")
@@ -126,7 +126,7 @@ def test_a_decode_step_runs_the_same_tensor_operations_at_any_context_length(nat
 def test_the_fusion_count_sees_each_compiled_kernel_call_once():
     """The compiled kernels are bound to Python outside the dispatcher's sight: the counter must still count each
     call as one operation, and never the allocations a kernel makes inside or the counter's own bookkeeping."""
-    from common import native
+    from common.numerics import native
     fused_source = importlib.import_module("stages.04_kernels.cpu_fusion").SOURCE
     if not native.load(fused_source):
         pytest.skip(f"the fused CPU kernels {native.build_note(fused_source)}")
@@ -145,10 +145,10 @@ def test_the_fusion_count_sees_each_compiled_kernel_call_once():
        scale=st.sampled_from([1e-3, 1.0, 60.0]), heads=st.sampled_from([(9, 3), (6, 2), (4, 4)]),
        seed=st.integers(0, 2**32 - 1))
 def test_fused_cpu_kernels_match_common_ops_bit_for_bit(rows, hidden, dtype, scale, heads, seed):
-    """The C++ kernels against the functions they fuse (common.ops), on drawn data: every bit."""
+    """The C++ kernels against the functions they fuse (common.numerics.ops), on drawn data: every bit."""
     import torch
 
-    from common import ops
+    from common.numerics import ops
     cpu_fusion = importlib.import_module("stages.04_kernels.cpu_fusion")
     config = ReferenceLLM("tiny").config
     fused = cpu_fusion.FusedCPU(config, getattr(torch, dtype))
@@ -185,11 +185,11 @@ def test_fused_cpu_kernels_match_common_ops_bit_for_bit(rows, hidden, dtype, sca
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fused_swiglu_gives_torchs_bits_for_every_gate_value(dtype):
-    """The table-driven SwiGLU kernel against torch's silu and multiply (common.ops.swiglu) on all 65,536 gate
+    """The table-driven SwiGLU kernel against torch's silu and multiply (common.numerics.ops.swiglu) on all 65,536 gate
     values at once, each times three different ups: every bit (a NaN may be any NaN)."""
     import torch
 
-    from common import ops
+    from common.numerics import ops
     cpu_fusion = importlib.import_module("stages.04_kernels.cpu_fusion")
     dt = getattr(torch, dtype)
     fused = cpu_fusion.FusedCPU(ReferenceLLM("tiny").config, dt)

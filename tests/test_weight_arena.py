@@ -1,4 +1,4 @@
-"""common/native/arena.py: the packed weights of our CPU linears, copied into one mapping on 2 MiB pages. The
+"""common/numerics/native/arena.py: the packed weights of our CPU linears, copied into one mapping on 2 MiB pages. The
 copies must be the same bytes (so the same logits), the model's linears must read the copies, and where Linux
 gives huge pages the mapping must actually get them."""
 from pathlib import Path
@@ -8,7 +8,7 @@ import torch
 
 from common.loader import load_model
 from common import SamplingParams
-from common.native.arena import HUGE_PAGE, WeightArena
+from common.numerics.native.arena import HUGE_PAGE, WeightArena
 from common.reference import ReferenceLLM
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")

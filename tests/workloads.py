@@ -55,7 +55,7 @@ class Server:
 
     def __init__(self, llm, model_name, **app_options):
         import uvicorn
-        create_app = importlib.import_module("stages.05_streaming.server").create_app
+        create_app = importlib.import_module("stages.05_streaming.server.app").create_app
         self.llm = llm
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))

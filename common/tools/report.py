@@ -26,6 +26,8 @@ def summary_row(stats: EngineStats, outputs: list[RequestOutput], max_num_seqs: 
     ok = [o for o in outputs if o.finish_reason != "error"]
     ttft = [o.metrics.time_to_first_token for o in ok]
     tpot = [o.metrics.time_per_output_token for o in ok if o.metrics.time_per_output_token is not None]
+    wait = [o.metrics.first_scheduled_time - o.metrics.arrival_time for o in ok
+            if o.metrics.first_scheduled_time is not None]  # in the queue before a first step
     return {
         "requests": len(ok), "prompt tokens": sum(o.num_prompt_tokens for o in ok),
         "output tokens": stats.output_tokens, "wall s": stats.wall_seconds,
@@ -34,6 +36,7 @@ def summary_row(stats: EngineStats, outputs: list[RequestOutput], max_num_seqs: 
         "slot util": stats.slot_utilization, "KV reserved MB": stats.kv_bytes_reserved / 1e6,
         "KV used MB": stats.kv_bytes_used / 1e6, "KV waste": stats.kv_waste,
         "preemptions": stats.preemptions, "prefix hit rate": stats.prefix_hit_rate,
+        "queue wait p50 s": percentile(wait, 50), "queue wait p99 s": percentile(wait, 99),
         "TTFT p50 s": percentile(ttft, 50), "TTFT p99 s": percentile(ttft, 99),
         "TPOT p50 ms": 1e3 * statistics.median(tpot) if tpot else float("nan"),
     }

@@ -153,7 +153,7 @@ def table(title: str, figures: dict[str, float]) -> Table:
 
 def machine_figures(model: str = "smollm2-135m", dtype: str = "bfloat16", device: str = "cpu") -> dict[str, float]:
     from common.loader import load_model, parse_dtype
-    from common.paths import resolve_model
+    from common.prepare import resolve_model
     llm = load_model(resolve_model(model), parse_dtype(dtype), torch.device(device))
     c, weights = llm.config, llm.weight_bytes
     per_token = c.kv_bytes_per_token(parse_dtype(dtype).itemsize)
@@ -173,7 +173,6 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--article-only", action="store_true")
-    ap.add_argument("--no-precisions", action="store_true", help="skip the per-precision measurements (minutes)")
     args = ap.parse_args()
     from common.loader import resolve_device
     args.device = str(resolve_device(args.device))
@@ -183,9 +182,8 @@ def main() -> None:
     if not args.article_only:
         console.print(table(f"{args.model} on this machine ({args.device}, {args.dtype})",
                             machine_figures(args.model, args.dtype, args.device)))
-    if not (args.article_only or args.no_precisions):
-        from common.tools.edge import main as edge_main
-        edge_main(["--model", args.model])
+    if not args.article_only:
+        console.print("Each precision measured (bytes, time per token, memory): python -m stages.bench.edge")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """python -m stages.02_continuous_batch [--toy] [--workload chat|random|toy] [--num-requests N] ..."""
-from common.tools.cli import parser, run
+from stages.cli import parser, run
 
 STAGES = ["stages.01_static_batch", "stages.02_continuous_batch"]
 

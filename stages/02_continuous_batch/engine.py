@@ -7,7 +7,6 @@ positions per slot, used or not: the waste stage 03 removes.
 """
 from __future__ import annotations
 
-import importlib
 import time
 from collections import deque
 
@@ -16,8 +15,8 @@ from common.kv_cache import ContiguousKVCache
 from common.llm import LLM as FrontEnd
 from common.model import Llama
 from common.sequence import Sequence, SequenceStatus
+from stages import static_batch as static
 
-static = importlib.import_module("stages.01_static_batch")
 
 
 class Scheduler:

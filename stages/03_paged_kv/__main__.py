@@ -4,7 +4,7 @@ Add --alone to run stage 03 only, --toy for the 8-request toy run, --ablate to r
 four times, with prefix caching, chunked prefill and preemption each switched off in turn."""
 from rich.console import Console
 
-from common.tools.cli import parser, run
+from stages.cli import parser, run
 
 from .ablation import ablate, print_ablation
 from .capacity import print_capacity

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.tools import workloads
-from common.tools.cli import make_llm
+from stages.cli import make_llm
 from common.tools.report import format_value, percentile
 
 VARIANTS = {"all on": {}, "no prefix caching": {"no_prefix_caching": True},

@@ -9,7 +9,7 @@ from rich.table import Table
 from common.tools import roofline
 from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory
-from common.paths import resolve_model
+from common.prepare import resolve_model
 
 
 def capacity(per_token: int, budget: float, max_len: int, avg_len: int, block_size: int) -> dict:

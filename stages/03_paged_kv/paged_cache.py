@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from common.attention import KEY_TILE, AttentionMetadata, attention
+from common.numerics.attention import KEY_TILE, AttentionMetadata, attention
 from common.config import ModelConfig
 from common.sequence import Sequence
 

@@ -2,7 +2,7 @@
 
 The Triton modules (`elementwise`, `paged_attention`) import triton; they are loaded only when a
 CUDA device will run them, or by the tests (interpreted on CPU). `cpu_fusion` builds the C++
-kernels (`cpu_kernels.cpp`, the reference's element-wise math of common/ops.py, bit for bit) once
+kernels (`cpu_kernels.cpp`, the reference's element-wise math of common/numerics/ops.py, bit for bit) once
 per machine and caches them."""
 from .engine import LLM, LLMEngine
 from .kernel_cache import KernelPagedCache

@@ -12,7 +12,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from common import quant_cuda as qc
+from common.numerics import quant_cuda as qc
 
 from . import elementwise as ew
 from . import paged_attention as pa
@@ -45,7 +45,7 @@ def kernel_specs(dtype: str = "bf16", head_dim: int = 64, group: int = 3, kv_hea
         "paged_decode_merge": (pa._merge_kernel, {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": p},
                                {"MAX_SPLITS": 8, "HEAD_DIM": head_dim,
                                 "BLOCK_D": max(16, triton.next_power_of_2(head_dim))}),
-        # common's quantized linears (every stage's on CUDA), as common.quant_cuda launches them on a GPU
+        # common's quantized linears (every stage's on CUDA), as common.numerics.quant_cuda launches them on a GPU
         "int8_linear": (qc._int8_linear_kernel, {"x_ptr": p, "q_ptr": "*i8", "scale_ptr": "*fp32", "out_ptr": p,
                         "M": "i32", "N": "i32"},
                         {"K": hidden, "BLOCK_M": qc.BLOCK_M, "BLOCK_N": qc.BLOCK_N, "BLOCK_K": qc.BLOCK_K,

@@ -1,6 +1,6 @@
 """Fused element-wise kernels on CPU: ``cpu_kernels.cpp``, hand-written like the Triton ones on CUDA.
 
-``common.ops`` spells out every rounding of the model's element-wise math; the C++ kernels
+``common.numerics.ops`` spells out every rounding of the model's element-wise math; the C++ kernels
 repeat those steps in one pass over a row (``add_rms_norm``: the residual add, the float64
 sum of squares in ``ops.LANES`` lanes, the root, the scale; ``rope_qk``: q and k rotated where
 they lie in the merged projection's output; ``rope_qk_store``: the same, with the rotated keys
@@ -12,11 +12,11 @@ to repeat; but a bfloat16 (or float16) gate takes only 65,536 values, so at load
 silu of every one of them into a table (256 KB as float32, in L2) and the kernel looks each gate up. In
 float32 SwiGLU stays torch's two ops.
 
-Why hand-written rather than generated: an earlier version compiled ``common.ops`` with
+Why hand-written rather than generated: an earlier version compiled ``common.numerics.ops`` with
 AOTInductor. Its kernels were exact too, but each call cost about 25 µs in the runner's
 Python wrapper, and its generated RMSNorm kept the float64 scan scalar, so at one request the
 fused step was no faster than the eager one. These cost a few microseconds a call (measured in
-the stage README). The library is compiled once per machine by ``common.native`` (about 20 s)
+the stage README). The library is compiled once per machine by ``common.numerics.native`` (about 20 s)
 into ``$STEPWISE_HOME/native``; that time is reported apart from any throughput.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from common import native, ops
+from common.numerics import native, ops
 from common.config import ModelConfig
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")

@@ -5,7 +5,7 @@ Unfused, ``residual + x`` then RMSNorm reads and writes the hidden state several
 ``silu(gate)`` before multiplying by ``up``. Decoding is bound by memory traffic, so one
 pass per operation is the saving.
 
-Each kernel reproduces ``common.ops`` bit for bit, so stage 04 keeps the reference's
+Each kernel reproduces ``common.numerics.ops`` bit for bit, so stage 04 keeps the reference's
 tokens: the same rounding points (to the model dtype where torch rounds), RMSNorm's sum of
 squares lane by lane in float64 and its root in float64, IEEE division (``div_rn``; Triton's
 ``/`` is approximate on CUDA), libdevice's ``exp`` (the one CUDA's eager ``silu`` uses), and
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from common.ops import LANES
+from common.numerics.ops import LANES
 
 EXACT = {"enable_fp_fusion": False}  # launch option: a * b + c stays two roundings
 # libdevice's exp is what CUDA's eager silu calls; the CPU interpreter has no libdevice (it uses numpy's exp).
@@ -39,7 +39,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps, HAS_RESIDU
     x = x.to(res_ptr.dtype.element_ty)  # the residual stream keeps the model's dtype
     tl.store(res_ptr + row * n_cols + cols, x, mask=mask)
     xf = x.to(tl.float32)
-    # The sum of squares in common.ops' order: each lane adds its chunk's square in float64, chunk after chunk,
+    # The sum of squares in common.numerics.ops' order: each lane adds its chunk's square in float64, chunk after chunk,
     # then the lanes are added in order.
     lanes = tl.arange(0, LANES)
     per_lane = tl.zeros([LANES], tl.float64)
@@ -76,7 +76,7 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, n_heads, stride_tok, stride_head, HALF
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_D)[None, :]
     mask = (heads < n_heads) & (dims < HALF)
-    # The tables are (cos, cos) and (-sin, sin) per token (common.ops.rope_tables): x * cos + roll(x) * sin.
+    # The tables are (cos, cos) and (-sin, sin) per token (common.numerics.ops.rope_tables): x * cos + roll(x) * sin.
     row = tok * 2 * HALF
     cos1 = tl.load(cos_ptr + row + dims, mask=dims < HALF, other=0.0)
     cos2 = tl.load(cos_ptr + row + HALF + dims, mask=dims < HALF, other=0.0)
@@ -91,7 +91,7 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, n_heads, stride_tok, stride_head, HALF
 
 def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [tokens, heads, head_dim] in place (the rotate-half layout); cos, sin: [tokens, 1, head_dim] fp32,
-    the per-token tables of ``common.ops.rope_tables``."""
+    the per-token tables of ``common.numerics.ops.rope_tables``."""
     tokens, heads, d = x.shape
     assert x.stride(2) == 1 and d % 2 == 0
     cos, sin = cos.reshape(tokens, d).contiguous(), sin.reshape(tokens, d).contiguous()

@@ -7,15 +7,12 @@ Triton kernel on CUDA, where the paged decode-attention kernel is an opt-in.
 """
 from __future__ import annotations
 
-import importlib
-
 from common.llm import LLM as FrontEnd
 from common.validate import check_bool
+from stages import paged_kv as paged
 
 from .kernel_cache import KernelPagedCache
 from .model import KernelLlama
-
-paged = importlib.import_module("stages.03_paged_kv")
 
 
 class LLMEngine(paged.LLMEngine):

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from common import native
+from common.numerics import native
 from common.tools import workloads
 from common.sampling import SamplingParams
 
@@ -55,7 +55,7 @@ class StepCounter(TorchDispatchMode):
         self.by_op[name] += 1
         self.bytes_by_op[name] += moved
 
-    # The compiled kernels (common.native) are bound to Python directly, out of the dispatcher's sight: while
+    # The compiled kernels (common.numerics.native) are bound to Python directly, out of the dispatcher's sight: while
     # counting, each is wrapped so that it counts as one operation and its own allocations inside go unseen.
     def __enter__(self):
         self.restore = []

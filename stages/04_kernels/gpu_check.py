@@ -1,6 +1,6 @@
 """`python -m stages.04_kernels --gpu-check`: everything a CUDA machine should confirm, in one run.
 
-1. the kernel tests, compiled (not interpreted), the quantized linears' (common/quant_cuda.py), and every
+1. the kernel tests, compiled (not interpreted), the quantized linears' (common/numerics/quant_cuda.py), and every
    stage's tokens on CUDA against the reference in bfloat16, int8 and int4;
 2. each kernel's time and achieved GB/s against the device's measured copy bandwidth;
 3. stages 03 and 04 on the real model in bfloat16, same workload: output tokens/s and token agreement.
@@ -37,7 +37,7 @@ def kernel_table(console: Console, dtype=torch.bfloat16) -> None:
     x, res, w = (torch.randn(rows, hidden, device=dev, dtype=dtype) for _ in range(3))
     gate_up = torch.randn(rows, 2 * ffn, device=dev, dtype=dtype)
     q = torch.randn(rows, heads, d, device=dev, dtype=dtype)
-    cos = sin = torch.randn(rows, 1, d, device=dev)  # per-token tables, as common.ops.rope_tables makes them
+    cos = sin = torch.randn(rows, 1, d, device=dev)  # per-token tables, as common.numerics.ops.rope_tables makes them
     seqs, ctx = 64, 1024
     blocks = seqs * ctx // bs
     kc, vc = (torch.randn(blocks, kvh, bs, d, device=dev, dtype=dtype) for _ in range(2))

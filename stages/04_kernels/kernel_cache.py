@@ -11,16 +11,13 @@ Decoding sequences then go through it; sequences still prefilling keep stage 03'
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 
-from common.attention import attention
+from common.numerics.attention import attention
 from common.sequence import Sequence
+from stages import paged_kv as paged
 
 from .model import kernels_available
-
-paged = importlib.import_module("stages.03_paged_kv")
 
 
 class KernelPagedCache(paged.PagedKVCache):

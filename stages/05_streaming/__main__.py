@@ -10,11 +10,11 @@ import os
 
 from rich.console import Console
 
-from common.tools.cli import device_arg
+from stages.cli import device_arg
 from common.validate import InvalidParam
 
 from .engine import LLM
-from .guards import DEFAULT_MAX_BODY_BYTES
+from .server.guards import DEFAULT_MAX_BODY_BYTES
 
 
 def port_arg(text: str) -> int:
@@ -33,7 +33,9 @@ def main(argv=None) -> None:
     ap.add_argument("command", nargs="?", default="demo", choices=["demo", "serve", "load", "cluster"])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="default: float32 for the demo (SmolLM2's first answers in bfloat16 sit on near-ties: "
+                         "'What is the capital of France?' starts 'L'Étoile...'), bfloat16 to serve")
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"], help="weight-only quantization")
     ap.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--host", default="127.0.0.1")
@@ -80,11 +82,12 @@ def main(argv=None) -> None:
 
 def run(args: argparse.Namespace) -> None:
     console = Console()
+    args.dtype = args.dtype or ("float32" if args.command == "demo" else "bfloat16")
     if args.command == "cluster":
-        from .cluster import run_cluster
+        from .cluster.deploy import run_cluster
         return run_cluster(args, console)
     if args.command == "load":
-        from .load import load_url, load_with_server
+        from .server.load import load_url, load_with_server
         model = args.served_model_name or args.model
         if args.url:
             load_url(args.url, model, args.clients, args.num_requests, args.max_tokens, console, args.api_key)
@@ -96,10 +99,10 @@ def run(args: argparse.Namespace) -> None:
     llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
               max_waiting=args.max_waiting)
-    console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}")
+    console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}, {args.dtype}")
     try:
         if args.command == "serve":
-            from .server import serve
+            from .server.shutdown import serve
             origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
             serve(llm, args.host, args.port, args.served_model_name or args.model,
                   shutdown_timeout=args.shutdown_timeout, api_key=args.api_key, docs=args.docs,

@@ -6,18 +6,12 @@ each step, every sequence that ran publishes its new token ids and its newly sta
 its `RequestStream`. A caller that stops reading aborts its request, and its blocks return
 to the pool at the next step.
 
-Who runs the loop matters more than it seems: torch ops issued from a second Python thread
-ran about 2x slower here than on the main thread (libgomp, torch's OpenMP runtime, makes a
-second thread's parallel regions wake sleeping workers every time; see the README). So the
-loop runs on whoever needs tokens: `generate` and `stream` step the engine on the caller's
-thread (one stepper at a time, under a lock), and the server gives it the main thread
-(`run_forever`) while HTTP runs in a background thread. Only asynchronous readers with
-nobody else stepping get a background thread (`start_background_loop`).
+Who runs the loop is ``loop.py``'s concern: the caller's thread for `generate` and `stream`, the main
+thread for the server, a background thread only for asynchronous readers with nobody else stepping.
 """
 from __future__ import annotations
 
 import asyncio
-import importlib
 import itertools
 import queue
 import threading
@@ -28,12 +22,12 @@ from common.engine import StepResult
 from common.llm import LLM as FrontEnd
 from common.sequence import Sequence
 from common.validate import check_int
+from stages import kernels, paged_kv as paged
 
+from .loop import EngineLoop
 from .metrics import EngineMetrics
 from .streams import Outbox, QueueFull, RequestStream, StreamChunk, stable_text_len
 
-kernels = importlib.import_module("stages.04_kernels")
-paged = importlib.import_module("stages.03_paged_kv")
 _request_ids = itertools.count()
 __all__ = ["LLM", "QueueFull", "RequestStream", "StreamChunk"]
 
@@ -54,7 +48,7 @@ class LLMEngine(kernels.LLMEngine):
     scheduler_class = Scheduler
 
 
-class LLM(FrontEnd):
+class LLM(EngineLoop, FrontEnd):
     engine_class = LLMEngine
 
     def __init__(self, model: str = "smollm2-135m", *, max_waiting: int = 256, **kwargs):
@@ -102,24 +96,6 @@ class LLM(FrontEnd):
             if not stream.done.is_set():  # the caller stopped early: abort at the next step
                 self.abort(stream.request_id)
 
-    def next_chunk(self, stream: RequestStream) -> StreamChunk:
-        """The stream's next chunk; while there is none, step the engine on this thread if nobody else does."""
-        while True:
-            try:
-                return stream.chunks.get_nowait()
-            except queue.Empty:
-                pass
-            if self._stepping.acquire(blocking=False):
-                try:
-                    self.run_step()
-                finally:
-                    self._stepping.release()
-            else:  # another reader or a loop is stepping: wait for what it publishes
-                try:
-                    return stream.chunks.get(timeout=0.05)
-                except queue.Empty:
-                    pass
-
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
         self._wakeup.set()
@@ -128,10 +104,6 @@ class LLM(FrontEnd):
     def num_waiting(self) -> int:
         """Requests submitted and not yet running: in the inbox or the scheduler's queue."""
         return self._inbox.qsize() + self._gauges["waiting"]
-
-    def is_alive(self) -> bool:
-        """False once a background loop has died."""
-        return self._thread is None or self._thread.is_alive()
 
     def gauges(self) -> dict[str, float]:
         """The engine's state after its last step (requests, KV blocks, prefix hits, preemptions): a snapshot the
@@ -146,44 +118,6 @@ class LLM(FrontEnd):
         for stream in streams:
             for _ in stream:  # drain: generate() returns whole outputs
                 pass
-
-    # ---- the loop -----------------------------------------------------------------------------
-    def run_forever(self, stop: threading.Event, on_start=None) -> None:
-        """Step the engine on this thread until ``stop`` is set (a server's main thread); ``on_start`` is called
-        once the loop owns the engine (start the HTTP server there, so no request can start another loop)."""
-        with self._stepping:
-            self.looping = True
-            try:
-                if on_start is not None:
-                    on_start()
-                while not stop.is_set():
-                    if not self.run_step():
-                        self._wakeup.wait(0.05)
-                        self._wakeup.clear()
-            finally:
-                self.looping = False
-
-    def start_background_loop(self) -> None:
-        with self._start_lock:
-            if not self.looping and (self._thread is None or not self._thread.is_alive()):
-                self._stop.clear()
-                self._thread = threading.Thread(target=self.run_forever, args=(self._stop,), name="stepwise-engine",
-                                                daemon=True)
-                self._thread.start()
-                self.loops_started += 1
-
-    def shutdown(self) -> None:
-        """Stop a background loop, then end every request still in flight (its reader gets a final "abort" chunk
-        saying why, instead of waiting for tokens nobody will compute)."""
-        with self._start_lock:
-            self._stop.set()
-            self._wakeup.set()
-            if self._thread is not None:
-                self._thread.join(timeout=30)
-                self._thread = None
-        with self._stepping:
-            self._apply_inbox()
-            self._fail_all("the engine shut down before this request finished", reason="abort")
 
     def run_step(self) -> bool:
         """Apply the inbox, run one engine step, publish what it produced; False when there was nothing to run."""

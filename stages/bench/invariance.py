@@ -10,7 +10,6 @@ The batched runs also give the price: invariant vs plain output tokens per secon
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 
 from rich.console import Console
@@ -30,7 +29,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def compare(model: str, dtype: str, prompts: list, params: SamplingParams, max_num_seqs: int,
             batch_invariant: bool) -> dict:
     alone = ReferenceLLM(model, dtype=dtype, batch_invariant=batch_invariant).generate(prompts, params)
-    paged = importlib.import_module("stages.03_paged_kv")
+    from stages import paged_kv as paged
     llm = paged.LLM(model, dtype=dtype, max_num_seqs=max_num_seqs, batch_invariant=batch_invariant)
     batched = llm.generate(prompts, params)
     diverged = [d for d in (first_difference(a.token_ids, b.token_ids) for a, b in zip(alone, batched))

@@ -15,6 +15,7 @@ import copy
 import json
 import os
 import platform
+import sys
 import time
 
 import torch
@@ -22,12 +23,13 @@ from rich.console import Console
 from rich.table import Table
 
 from common.tools import roofline, workloads
-from common.tools.cli import STAGE_NAMES, parser
-from common.paths import resolve_model, smollm2_gguf_path
+from stages.cli import STAGE_NAMES, parser
+from common.paths import smollm2_gguf_path
+from common.prepare import resolve_model
 from common.reference import ReferenceLLM
 from common.tools.report import format_value
 
-from . import baselines, verdict
+from . import baselines, markdown, verdict
 from .runs import hf_single_request, median_run, single_request, stage_row
 
 
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--prompt-range", default="16,256", help="random workload: prompt lengths")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", action="store_true", help="then print the ladder as a Markdown table (for a README)")
     ap.add_argument("--plot", default=None, help="draw the ladder (tok/s, TTFT, TPOT) into this PNG (matplotlib)")
     return ap
 
@@ -83,7 +86,7 @@ def main(argv=None) -> dict:
                   f"{args.model}, {args.dtype}{f' ({args.quantization} weights)' if args.quantization else ''}, "
                   f"{args.device}, {os.cpu_count()} CPUs, read bandwidth {read_bw / 1e9:.1f} GB/s (copy "
                   f"{copy_bw / 1e9:.1f}), matmul {flops / 1e9:,.0f} GFLOP/s")
-    rows, verdicts, plain_ratio, steps_notes = {}, {}, {}, {}
+    rows, verdicts, plain_ratio, steps_notes, latency_notes = {}, {}, {}, {}, {}
     in_flight = [int(n) for n in (args.in_flight or str(args.max_num_seqs)).split(",")]
     for n in in_flight:
         suffix = f" @{n}" if len(in_flight) > 1 else ""
@@ -103,6 +106,7 @@ def main(argv=None) -> dict:
         ran = {name: median_run(name_runs) for name, name_runs in runs.items()}
         verdicts[n] = verdict.verdict({k: v for k, v in ran.items() if "plain" not in k})
         steps_notes[n] = verdict.steps_against_rows(ran)
+        latency_notes[n] = (verdict.latency_verdict(ran), verdict.describe_step_cost(ran))
         if "03 paged, plain math" in ran:
             plain_ratio[n] = ran["03 paged"]["output tok/s"] / ran["03 paged, plain math"]["output tok/s"]
         rows.update({name + suffix: r for name, r in ran.items()})
@@ -146,19 +150,25 @@ def main(argv=None) -> dict:
     for n, text in steps_notes.items():
         if text:
             console.print(f"steps against rows at {n} in flight: {text}")
+    for n, texts in latency_notes.items():
+        for label, text in zip(("latency", "step cost"), texts):
+            if text:
+                console.print(f"{label} at {n} in flight: {text}")
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
-    result = {"workload": args.workload, "requests": len(prompts), "dtype": args.dtype,
+    result = {"model": args.model, "workload": args.workload, "requests": len(prompts), "dtype": args.dtype,
               "quantization": args.quantization, "device": args.device, "cpus": os.cpu_count(),
               "read_bandwidth_bytes_per_s": read_bw, "copy_bandwidth_bytes_per_s": copy_bw, "matmul_flops": flops,
               "date": time.strftime("%F"), "engines": columns, "same_tokens": same, "single_request": alone,
               "invariant_over_plain": plain_ratio, "verdicts": {n: v for n, (_, v) in verdicts.items()},
-              "steps_against_rows": steps_notes,
+              "steps_against_rows": steps_notes, "latency": latency_notes,
               "climbs": all(ok for ok, _ in verdicts.values()), "notes": notes, "argv": argv}
     path = args.json or f"bench-{args.workload}.json"
     with open(path, "w") as f:
         json.dump(result, f, indent=1, default=str)
     console.print(f"figures written to {path}")
+    if args.markdown:
+        print(markdown.ladder_table(result, columns, same, " ".join(argv or sys.argv[1:])))
     if args.plot:
         verdict.plot(columns, args.plot, f"{args.workload}, {len(prompts)} requests, {args.model}, {precision}, "
                                          f"{platform.machine()} x{os.cpu_count()}")

@@ -8,7 +8,7 @@ from statistics import median_low as median
 
 import torch
 
-from common.tools.cli import make_llm
+from stages.cli import make_llm
 from common.loader import expected_shapes
 from common.tools.report import summary_row
 from common.sampling import SamplingParams

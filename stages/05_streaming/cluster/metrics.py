@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .metrics import TTFT_BUCKETS, Histogram
+from ..metrics import TTFT_BUCKETS, Histogram
 
 
 @dataclass

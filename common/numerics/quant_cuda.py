@@ -1,6 +1,6 @@
 """The quantized linears on CUDA: Triton kernels that read int8 or int4 weights and widen them in registers.
 
-On CPU ``common.quant`` runs our AMX kernel (int8) and torch's packed kernel (int4). Neither
+On CPU ``common.numerics.quant`` runs our AMX kernel (int8) and torch's packed kernel (int4). Neither
 exists on a GPU, so here each program of a Triton kernel multiplies BLOCK_M rows of
 activations by BLOCK_N outputs' weights, loading the weights at 8 or 4 bits and widening
 them to bfloat16 next to the tensor cores: the bytes a decode step reads shrink by 2x or 4x,
@@ -32,11 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from common.quant import GROUP_SIZE
 
 # Constants: a row's sums never depend on how many rows a call holds. The input features K are a compile-time
 # constant too (a binary per linear shape): triton 3.6's interpreter takes no loop bound from a runtime argument.
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
+GROUP_SIZE = 32  # weights per d and m: GGUF Q4_1's block, fixed by the format (quant.GROUP_SIZE)
 DOT_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
 
 

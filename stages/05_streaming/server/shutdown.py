@@ -11,52 +11,24 @@ ends them at its next step, and their handlers answer (a 503, or an error event 
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import threading
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import uvicorn
 
-from .engine import LLM
+from ..engine import LLM
+from .app import create_app
 
 if TYPE_CHECKING:
-    from .gateway import RemoteEngine
-
-
-class Drain:
-    """The requests in flight, and their shutdown."""
-
-    def __init__(self, engine):  # anything with abort(request_id): backend.LocalEngine, gateway.RemoteEngine
-        self.engine = engine
-        self.active: set[str] = set()  # request ids
-        self.closing = False
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def begin(self, grace_seconds: float) -> None:
-        """Refuse new requests; abort the running ones in ``grace_seconds``. Safe from a signal handler or thread."""
-        self.closing = True
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.loop.call_later, grace_seconds, self.abort_all)
-
-    def abort_all(self) -> None:
-        for request_id in list(self.active):
-            self.engine.abort(request_id)
-
-    @asynccontextmanager
-    async def lifespan(self, app):
-        self.loop = asyncio.get_running_loop()
-        yield
-        self.abort_all()  # whatever uvicorn had to cancel must not keep its KV blocks
+    from ..cluster.gateway import RemoteEngine
 
 
 def serve(llm: LLM | RemoteEngine, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smollm2-135m",
           shutdown_timeout: float = 5.0, **app_options) -> None:
     """The engine loop on this (the main) thread, HTTP in a background thread; SIGTERM/SIGINT drain the
     server within ``shutdown_timeout`` seconds, a second signal exits at once."""
-    from .server import create_app
     app = create_app(llm, model_name, **app_options)
     # uvicorn's own timeout is the backstop: it cancels handlers still running 2 s after the deadline.
     config = uvicorn.Config(app, host=host, port=port, log_level="info",

@@ -20,11 +20,11 @@ is cached per machine. If no tile passes, every call gets exactly ``ROW_TILE`` r
 any deterministic kernel, at the price of padding.
 
 On a CPU with Intel AMX, or with AVX-512 and its BF16 extension, a bfloat16 linear is our own kernel
-(``common/native/linear.cpp``, ``linear_avx512.h``): each output's sum over the input features runs in one
-fixed order by construction, so a row keeps its bits in a call of any size, and it reads one request's
-weights about 1.6-2x as fast as oneDNN. Elsewhere in bfloat16 the weight is prepacked once into oneDNN's
+(``common/numerics/native/linear.cpp``, ``linear_avx512.h``): each output's sum over the input features runs in one
+fixed order by construction, so a row keeps its bits in a call of any size, and it streams one request's
+weights faster than oneDNN does. Elsewhere in bfloat16 the weight is prepacked once into oneDNN's
 blocked layout (what ``torch.compile``'s freezing does), which skips the re-layout of the
-whole weight that a plain ``torch.mm`` does on every call (about 2.5x faster for the LM head).
+whole weight that a plain ``torch.mm`` does on every call. docs/native-kernels.md has the measurements.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from common import native
+from common.numerics import native
 from common.paths import cpu_identity, home
 
 ROW_TILE = 16  # rows per call when no larger tile keeps rows' bits (calls are then padded to it)
@@ -48,7 +48,18 @@ def pad_rows(x: torch.Tensor, multiple: int = ROW_TILE) -> torch.Tensor:
 
 
 def uses_packed_bf16(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    """Whether a bfloat16 linear on ``device`` takes the packed paths (ours, else oneDNN's prepacked weight). Both
+    need AVX-512 (oneDNN refuses to pack bfloat16 without it, or AVX-NE-CONVERT): on an AVX2-only CPU a bfloat16
+    linear is ``torch.mm``, like float32, on a row tile the load-time check finds."""
+    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def widens_bf16(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a bfloat16 linear on ``device`` computes in float32 instead: on a CPU without AVX-512 (AVX2 only)
+    torch's bfloat16 matmul takes a scalar path about 100x slower than float32's, while float32 products of
+    bfloat16 values are exact, so widening the weights once and rounding each output once costs only memory."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and not uses_packed_bf16(device, dtype)
 
 
 class RowTiled:
@@ -62,7 +73,7 @@ class RowTiled:
         raise NotImplementedError
 
     def place_weights(self, place) -> None:
-        """Moves the packed weights our CPU kernels read to ``place(tensor)`` (``common.native.arena``)."""
+        """Moves the packed weights our CPU kernels read to ``place(tensor)`` (``common.numerics.native.arena``)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
@@ -86,7 +97,10 @@ class Linear(RowTiled):
         self.nbytes = weight.numel() * weight.element_size()
         self.plain = plain
         self.packed = self.ours = self.weight_t = None
-        if not uses_packed_bf16(weight.device, weight.dtype):
+        self.widen = widens_bf16(weight.device, weight.dtype)
+        if self.widen:  # no bfloat16 matmul worth the name here: float32 weights, exact products, one rounding
+            self.weight_t = weight.t().float().contiguous()
+        elif not uses_packed_bf16(weight.device, weight.dtype):
             self.weight_t = weight.t().contiguous()
         elif not plain and (kernel := native.linear_kernel()):
             self.kernel_name, self.native_kernels = kernel, native.kernels(native.LINEAR_SOURCE)
@@ -104,6 +118,8 @@ class Linear(RowTiled):
     def backend(self) -> str:
         if self.ours is not None:
             return f"{self.kernel_name} kernel (stepwise)"
+        if self.widen:
+            return "torch.mm in float32 (bfloat16 widened: this CPU has no bfloat16 matmul)"
         return "oneDNN prepacked" if self.packed is not None else f"torch.mm on {self.weight_t.device.type}"
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,6 +128,8 @@ class Linear(RowTiled):
             return self.native_kernels.linear(x, self.ours, None, self.out_features, self.kernel_arg, self.interleave)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        if self.widen:
+            return torch.mm(x.float(), self.weight_t).to(x.dtype)
         return torch.mm(x, self.weight_t)
 
 

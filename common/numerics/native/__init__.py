@@ -12,9 +12,8 @@ It is compiled with the machine's C++ compiler against torch's headers into
 ``$STEPWISE_HOME/native`` (keyed by the source, torch and the CPU, so a cached build is never
 used on another machine) and imported as a Python module. Each kernel is bound to Python directly
 (pybind11, as torch's own C++ extensions are) rather than registered as a ``torch.ops`` operator:
-a step calls these kernels about 270 times, and the dispatcher's boxed call from Python cost about
-3 µs each against about 1 µs for the direct binding (measured on the build machine with a kernel
-that only allocates its output). Like a ``torch.ops`` call, the binding lets go of the interpreter
+a step calls these kernels a few hundred times, and the dispatcher's boxed call from Python costs
+several times the direct binding's (docs/native-kernels.md). Like a ``torch.ops`` call, the binding lets go of the interpreter
 lock while the kernel runs. Set
 ``STEPWISE_NATIVE_ATTENTION=0`` to use the tensor-op attention instead; where no compiler
 works, that is what runs, and ``describe()`` says so.
@@ -81,10 +80,7 @@ def block_interleave(kernel_arg: str | None, out_features: int) -> int:
     """How ``pack`` lays a weight out for linear.cpp's kernel ``kernel_arg``: for the AVX-512 kernels, groups of 4
     (else 2) blocks of 16 outputs with their 64-byte lines alternating, where the blocks divide into such groups;
     else 1, block after block (the layout AMX's tiles read). A task of four blocks then reads one run of memory
-    instead of four. The 121 linears of a SmolLM2 step on the EPYC this was built on, grouped by 4 against block
-    after block (medians, in one process, the order alternated): 1 row 6.66 / 3.74 ms against 6.78 / 4.04
-    (bfloat16 / int8), 4 rows 6.86 / 3.76 against 7.60 / 4.17, 32 rows 14.07 / 12.53 against 15.84 / 13.47, 64 rows
-    23.63 / 24.24 against 24.88 / 24.31. The layout changes no sum."""
+    instead of four (docs/native-kernels.md times it). The layout changes no sum."""
     if kernel_arg not in ("dot", "fma"):
         return 1
     blocks = -(-out_features // 16)

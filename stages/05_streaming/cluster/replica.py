@@ -12,7 +12,6 @@ engine loop's) run about twice as slow when OpenMP has to give that thread its o
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 from dataclasses import asdict
 
@@ -22,7 +21,7 @@ class EngineReplica:
         import torch
         if torch_threads:
             torch.set_num_threads(torch_threads)
-        streaming = importlib.import_module("stages.05_streaming")
+        from stages import streaming
         self.llm = streaming.LLM(model, **engine_options)
         self.QueueFull = streaming.QueueFull
         self.where = where_am_i()

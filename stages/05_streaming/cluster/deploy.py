@@ -141,7 +141,7 @@ def watch_replicas(engine, console: Console, stop: threading.Event, period: floa
 
 def run_cluster(args, console: Console) -> None:
     require_ray()
-    from .shutdown import serve as serve_http
+    from ..server.shutdown import serve as serve_http
     config = ClusterConfig(
         model=args.model, dtype=args.dtype, device=args.device, replicas=args.replicas, min_replicas=args.min_replicas,
         max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .engine import LLM, RequestStream
+from ..engine import LLM, RequestStream
 
 
 class LocalEngine:

@@ -8,7 +8,6 @@ picks the largest batch whose step time, and every smaller batch's, meets the ta
 """
 from __future__ import annotations
 
-import importlib
 import statistics
 from dataclasses import dataclass
 
@@ -72,7 +71,7 @@ def calibrate(model: str, tpot_target_ms: float, dtype: str = "bfloat16", device
     import torch
     if torch_threads:
         torch.set_num_threads(torch_threads)
-    streaming = importlib.import_module("stages.05_streaming")
+    from stages import streaming
     context, steps, most = 32, 12, max(batch_sizes)
     llm = streaming.LLM(model, dtype=dtype, device=device, max_num_seqs=most, max_model_len=context + steps + 8,
                         max_num_batched_tokens=most * context)

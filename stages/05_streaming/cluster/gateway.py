@@ -20,8 +20,8 @@ from ray.serve.exceptions import BackPressureError
 from common.tokenizer import Tokenizer
 from common.validate import InvalidParam
 
-from .cluster_metrics import GatewayMetrics, ReplicaStats
-from .engine import QueueFull, StreamChunk
+from ..engine import QueueFull, StreamChunk
+from .metrics import GatewayMetrics, ReplicaStats
 from .replica import sampling_dict
 
 
@@ -75,7 +75,7 @@ class RemoteEngine:
     """`backend.LocalEngine`'s methods, for the replicas of the deployment ``app_name`` on Ray Serve."""
 
     def __init__(self, handle, model: str, app_name: str, deployment: str = "EngineReplica"):
-        from common.paths import resolve_model
+        from common.prepare import resolve_model
         self.handle, self.app_name, self.deployment = handle.options(stream=True), app_name, deployment
         self.unary_handle = handle
         self.tokenizer = Tokenizer(resolve_model(model))

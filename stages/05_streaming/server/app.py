@@ -22,12 +22,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from common.validate import clip
 
 from .backend import LocalEngine
-from .engine import LLM, QueueFull, RequestStream
+from ..engine import LLM, QueueFull, RequestStream
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers, internal_error, log
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
 from .responses import ClosingStream, choice, ended_early, sse
-from .shutdown import Drain, serve  # noqa: F401 - `serve` is this module's entry point
+from .drain import Drain
 
 
 def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = None, docs: bool = False,

@@ -32,9 +32,8 @@ async def one_request(url: SplitResult, model: str, question: str, max_tokens: i
                       api_key: str | None = None) -> dict:
     """One streamed chat completion over a bare HTTP/1.1 connection, each content event timed as it arrives.
 
-    A load client is a measuring instrument that shares the machine with the server. Through httpx (which the
-    tests use) this client spent 0.14-0.16 ms of CPU per streamed event; this reader spends 0.03-0.04 ms. At 750
-    events/s that is a ninth of a core taken from a 2-core server whose torch threads wait for each other.
+    A load client is a measuring instrument that shares the machine with the server: a bare reader spends a
+    fraction of httpx's CPU per streamed event (docs/streaming.md), CPU otherwise taken from the server.
     """
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
                        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()

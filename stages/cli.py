@@ -9,7 +9,7 @@ from rich.console import Console
 from common.tools import workloads
 from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory, resolve_device
-from common.paths import resolve_model
+from common.prepare import resolve_model
 from common.tools.report import print_blocks, print_timeline, summary_row, summary_table
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
@@ -27,7 +27,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--model", default="smollm2-135m", help="checkpoint folder, 'smollm2-135m' or 'tiny'")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"],
-                    help="weight-only quantization (common/quant.py); computes in bfloat16")
+                    help="weight-only quantization (common/numerics/quant.py); computes in bfloat16")
     ap.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="most requests in flight (slots)")
     ap.add_argument("--max-model-len", type=int, default=None)
@@ -115,5 +115,10 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
     if len(rows) >= 2:
         (a, ra), (b, rb) = list(rows.items())[-2:]
         console.print(f"{b} vs {a}: {ra['steps'] / rb['steps']:.2f}x fewer steps, "
-                      f"{rb['output tok/s'] / ra['output tok/s']:.2f}x output tokens/s")
+                      f"{rb['output tok/s'] / ra['output tok/s']:.2f}x output tokens/s, TTFT p99 "
+                      f"{ra['TTFT p99 s']:.2f} -> {rb['TTFT p99 s']:.2f} s, slot utilization "
+                      f"{ra['slot util']:.1%} -> {rb['slot util']:.1%}")
+        from stages.bench.verdict import describe_step_cost
+        if (model := describe_step_cost(rows)) is not None:
+            console.print(model)
     return rows

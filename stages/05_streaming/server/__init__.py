@@ -1,0 +1,3 @@
+"""The OpenAI-compatible server: the protocol and its validation (``protocol.py``), errors (``errors.py``),
+request guards (``guards.py``), SSE responses (``responses.py``), the app (``app.py``) and serving with a
+graceful shutdown (``shutdown.py``, ``drain.py``). ``load.py`` is its load generator."""
