@@ -15,7 +15,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.loader import load_model, parse_dtype, resolve_device
 from common.paths import DEFAULT_MODEL
-from common.prepare import resolve_model
 from common.sampling import SamplingParams
 from common.sequence import RequestMetrics, RequestOutput, Sequence
 from common.engine import StepResult
@@ -42,6 +41,7 @@ class LLM:
         if not isinstance(batch_invariant, bool):
             raise InvalidParam("batch_invariant",
                                f"batch_invariant={clip(batch_invariant)} is invalid: give True or False")
+        from common.prepare import resolve_model  # lazily: `python -m common.prepare` imports common first
         self.folder = resolve_model(model)
         self.device = resolve_device(device)
         self.dtype = parse_dtype(dtype)
