@@ -22,7 +22,9 @@ def test_a_fresh_process_measures_one_precision(tiny_folder, quantization):
     assert row["ms per token"] > 0 and row["ms per token, stage 04"] > 0
     assert 0 < row[next(k for k in row if k.startswith("TTFT") and "512" not in k)] < row["TTFT ms, 512-token prompt"]
     assert row["linear calls per token"] == 4 * 2 + 1  # the tiny model: qkv, o, gate_up, down per layer, LM head
-    assert 0 < row["linears ms per token, stage 04"] < row["ms per token, stage 04"] + 1
+    # The linears are timed call by call in a run of their own: on a loaded machine they can exceed the step's
+    # own time, so only their sign is a fact here; the rest of the step is defined as the difference.
+    assert row["linears ms per token, stage 04"] > 0
     assert row["rest of the step ms, stage 04"] == pytest.approx(
         row["ms per token, stage 04"] - row["linears ms per token, stage 04"])
 
