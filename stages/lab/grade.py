@@ -70,6 +70,8 @@ class Result:
 
 def describe(error: BaseException) -> str:
     """An assertion's message and hypothesis's falsifying example; for an exception, where the learner's code raised."""
+    while type(error).__name__ == "InterpreterError" and isinstance(error.__cause__ or error.__context__, Exception):
+        error = error.__cause__ or error.__context__  # Triton's interpreter wraps what the kernel raised
     notes = "\n".join(n for n in getattr(error, "__notes__", []) if "Falsifying" in n or "=" in n)
     if isinstance(error, AssertionError):
         text = str(error) or "assertion failed"
