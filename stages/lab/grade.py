@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import itertools
+import os
 import shutil
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from .catalog import LABS, Lab, Task
 
 ROOT = Path(__file__).resolve().parents[2]
 _names = itertools.count()
-_verdicts: dict[tuple[str, str], "Result"] = {}
+_verdicts: dict[tuple, "Result"] = {}
 
 
 def workspace_path(lab: Lab, workspace: Path, repo_path: str) -> Path:
@@ -89,7 +90,7 @@ def grade_task(lab: Lab, task: Task, learner: str) -> Result:
         spliced = markers.splice(solution, learner, task.id, task.file)
     except markers.MarkerError as e:
         return Result(task, False, str(e))
-    key = (task.id, hashlib.sha256(spliced.encode()).hexdigest())
+    key = (task.id, hashlib.sha256(spliced.encode()).hexdigest(), os.environ.get("STEPWISE_EXAMPLES_SCALE"))
     if key in _verdicts:
         return _verdicts[key]
     start = time.perf_counter()
