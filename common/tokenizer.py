@@ -131,6 +131,7 @@ class IncrementalDetokenizer:
         self.text = ""
 
     def add(self, token_id: int) -> str:
+        # lab 05.1 begin: the incremental detokenizer
         self.ids.append(token_id)
         decode = lambda a, b: self.tokenizer.decode(self.ids[a:b], self.skip_special_tokens)  # noqa: E731
         prefix = decode(self.prefix_offset, self.read_offset)
@@ -141,10 +142,13 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         self.text += piece
         return piece
+        # lab 05.1 end
 
     def flush(self) -> str:
         """At the end of a request: whatever is still held back (a truly broken character)."""
+        # lab 05.1 begin: flush what is held back
         rest = self.tokenizer.decode(self.ids, self.skip_special_tokens)[len(self.text):]
         self.text += rest
         self.prefix_offset = self.read_offset = len(self.ids)
         return rest
+        # lab 05.1 end

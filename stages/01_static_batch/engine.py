@@ -34,6 +34,7 @@ class Scheduler:
 
     def schedule(self) -> tuple[list[int], bool]:
         """The slots to run this step (every unfinished request of the batch), and whether the batch is new."""
+        # lab 01.1 begin: the static scheduler
         new = not any(not s.is_finished for s in self.batch)
         if new:
             self.batch = [self.waiting.popleft() for _ in range(min(self.max_num_seqs, len(self.waiting)))]
@@ -41,6 +42,7 @@ class Scheduler:
             for seq in self.batch:
                 seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, now
         return [i for i, s in enumerate(self.batch) if not s.is_finished], new
+        # lab 01.1 end
 
     def postprocess(self, slots: list[int], lens: list[int], tokens: list[int | None]) -> None:
         """Record what the step computed and sampled; a finished request's slot stays taken until the batch ends."""

@@ -35,10 +35,12 @@ class Scheduler:
     def schedule(self) -> list[int]:
         """Fill the free slots from the queue; return the slots to run this step."""
         now = time.perf_counter()
+        # lab 02.1 begin: refill free slots
         for i, seq in enumerate(self.slots):
             if seq is None and self.waiting:
                 seq = self.slots[i] = self.waiting.popleft()
                 seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, now
+        # lab 02.1 end
         return [i for i, s in enumerate(self.slots) if s is not None]
 
     def postprocess(self, slots: list[int], lens: list[int], tokens: list[int | None]) -> None:

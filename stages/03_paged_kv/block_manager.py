@@ -65,12 +65,14 @@ class BlockManager:
     def allocate(self, seq: Sequence, prefix: list[int]) -> None:
         """Give a waiting sequence its cached prefix blocks (shared); its other tokens will be computed."""
         assert seq.seq_id not in self.tables, "sequence already holds blocks"
+        # lab 03.1 begin: allocate shared prefix blocks
         for block_id in prefix:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self.free[block_id]
             block.ref_count += 1
         self.tables[seq.seq_id] = list(prefix)
+        # lab 03.1 end
         seq.num_cached_tokens = len(prefix) * self.block_size
 
     # ---- growth -----------------------------------------------------------------------
@@ -83,9 +85,11 @@ class BlockManager:
 
     def append_slots(self, seq: Sequence, num_tokens: int) -> None:
         """Make room for ``num_tokens`` more of ``seq``'s tokens (a block at a time, as they are needed)."""
+        # lab 03.2 begin: append blocks as a sequence grows
         table = self.tables.setdefault(seq.seq_id, [])
         for _ in range(self.blocks_needed(seq, num_tokens)):
             table.append(self._take_free_block())
+        # lab 03.2 end
 
     def _take_free_block(self) -> int:
         if not self.free:
@@ -99,12 +103,14 @@ class BlockManager:
     # ---- release ----------------------------------------------------------------------
     def free_sequence(self, seq: Sequence) -> None:
         """Return a finished or preempted sequence's blocks; cached ones stay revivable until handed out again."""
+        # lab 03.3 begin: free with reference counts
         for block_id in reversed(self.tables.pop(seq.seq_id, [])):  # the tail is evicted before the shared head
             block = self.blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block_id} freed twice"
             if block.ref_count == 0:
                 self.free[block_id] = None
+        # lab 03.3 end
         seq.num_cached_tokens = 0
 
     def filled_tokens(self, seqs: list[Sequence]) -> int:

@@ -32,6 +32,8 @@ def make_room(seq: Sequence, num_tokens: int, running: list[Sequence], waiting: 
 
 
 def preempt(seq: Sequence, waiting: deque[Sequence], block_manager: BlockManager) -> None:
+    # lab 03.5 begin: preempt a request
     block_manager.free_sequence(seq)
     seq.status = SequenceStatus.WAITING
     waiting.appendleft(seq)
+    # lab 03.5 end

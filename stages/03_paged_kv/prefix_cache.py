@@ -18,7 +18,9 @@ from common.sequence import Sequence
 
 def chain_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
     """A full block's identity: its tokens and, through ``parent``, every token before them."""
+    # lab 03.4 begin: the prefix-cache hash chain
     return hashlib.sha256((parent or b"") + np.asarray(token_ids, dtype=np.int64).tobytes()).digest()
+    # lab 03.4 end
 
 
 class PrefixCache:

@@ -107,6 +107,8 @@ def deliver(items: list) -> None:
 def stable_text_len(seq: Sequence) -> int:
     """How much of ``seq.output_text`` a stream may show now: a tail that could still grow into a stop string is
     held back (the text must end before the stop string, which may arrive over several tokens)."""
+    # lab 05.2 begin: hold back a possible stop string
     if seq.is_finished or not seq.params.stop:
         return len(seq.output_text)
     return max(0, len(seq.output_text) - max(len(s) for s in seq.params.stop) + 1)
+    # lab 05.2 end

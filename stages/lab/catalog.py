@@ -1,0 +1,178 @@
+"""The labs: for each stage, its tasks (where they are marked, what to build, the idea they implement, a hint)
+and, for each task, a planted wrong answer: the mistake a learner is likely to make, which the grader must catch
+in that task and no other (tests/test_labs.py proves it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str  # "02.1": lab 02, task 1
+    title: str
+    file: str  # the repository path whose marked region(s) hold the solution
+    build: str  # what to build
+    idea: str  # the sentence of the paper (or the rule) the task implements, with its source
+    hint: str
+    planted: tuple[str, ...]  # a wrong body per marked region, written flush left
+    planted_bug: str  # what the planted body gets wrong
+
+
+@dataclass(frozen=True)
+class Lab:
+    number: str  # "02"
+    stage: str  # the stage's folder under stages/
+    readme: str  # the README section that teaches it
+    tasks: tuple[Task, ...]
+
+    @property
+    def files(self) -> list[str]:
+        return list(dict.fromkeys(t.file for t in self.tasks))
+
+
+S01, S02, S03 = "stages/01_static_batch", "stages/02_continuous_batch", "stages/03_paged_kv"
+S04, S05 = "stages/04_kernels", "stages/05_streaming"
+
+LABS = {lab.number: lab for lab in [
+    Lab("01", "01_static_batch", f"{S01}/README.md#what-the-code-does", (
+        Task("01.1", "the static scheduler", f"{S01}/engine.py",
+             "Scheduler.schedule: when every request of the current batch has finished, take the next batch (up to "
+             "max_num_seqs waiting requests, in arrival order, marked RUNNING); return the slots of the batch's "
+             "unfinished requests and whether the batch is new. A finished request keeps its slot, idle.",
+             "Static (request-level) batching, as Orca describes what it replaces: a batch is scheduled as a whole "
+             "and runs until every request in it has finished (Yu et al., OSDI 2022, paraphrased).",
+             "The batch is new exactly when none of its requests is unfinished (an empty batch counts). "
+             "The toy run (8 requests, 4 slots) must take 160 steps.",
+             ("new = not self.batch or (any(s.is_finished for s in self.batch) and bool(self.waiting))\n"
+              "if new:\n"
+              "    self.batch = [self.waiting.popleft() for _ in range(min(self.max_num_seqs, len(self.waiting)))]\n"
+              "    now = time.perf_counter()\n"
+              "    for seq in self.batch:\n"
+              "        seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, now\n"
+              "return [i for i, s in enumerate(self.batch) if not s.is_finished], new\n",),
+             "starts the next batch as soon as one request ends, dropping the unfinished rest"),
+    )),
+    Lab("02", "02_continuous_batch", f"{S02}/README.md#what-the-code-does", (
+        Task("02.1", "refill free slots", f"{S02}/engine.py",
+             "Scheduler.schedule: before every step, give each free slot (None) the next waiting request, in "
+             "arrival order, and mark it RUNNING with its first_scheduled_time.",
+             "Orca's iteration-level scheduling: the scheduler schedules execution at the granularity of an "
+             "iteration instead of a request, so a finished request leaves and a new one joins at the next "
+             "iteration (Yu et al., OSDI 2022).",
+             "Every free slot, not just one, while requests wait. The toy run must take 112 steps (stage 01: 160).",
+             ("for i, seq in enumerate(self.slots):\n"
+              "    if seq is None and self.waiting:\n"
+              "        seq = self.slots[i] = self.waiting.popleft()\n"
+              "        seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, now\n"
+              "        break\n",),
+             "refills one slot per step"),
+    )),
+    Lab("03", "03_paged_kv", f"{S03}/README.md#what-the-code-does", (
+        Task("03.1", "allocate shared prefix blocks", f"{S03}/block_manager.py",
+             "BlockManager.allocate: give a waiting sequence the cached blocks `prefix` (shared): each one's "
+             "reference count goes up, a block nobody referenced leaves the free list, and the sequence's block "
+             "table starts as those blocks.",
+             "PagedAttention keeps a sequence's KV in blocks mapped through a block table, and blocks can be shared "
+             "within and across requests, counted by reference (Kwon et al., SOSP 2023, paraphrased).",
+             "A cached block with ref_count 0 is still in self.free: take it out, or it is handed out twice.",
+             ("for block_id in prefix:\n"
+              "    self.blocks[block_id].ref_count += 1\n"
+              "self.tables[seq.seq_id] = list(prefix)\n",),
+             "revives a cached block without taking it off the free list"),
+        Task("03.2", "append blocks as a sequence grows", f"{S03}/block_manager.py",
+             "BlockManager.append_slots: make room for num_tokens more tokens of seq, taking as many free blocks "
+             "as it needs (blocks_needed, _take_free_block) onto the end of its table.",
+             "Memory held tracks tokens written: a block is taken from the free list only when a sequence's last "
+             "block is full (Kwon et al., SOSP 2023, paraphrased).",
+             "A prefill chunk can need several blocks at once.",
+             ("table = self.tables.setdefault(seq.seq_id, [])\n"
+              "if self.blocks_needed(seq, num_tokens):\n"
+              "    table.append(self._take_free_block())\n",),
+             "takes one block per call, whatever the step needs"),
+        Task("03.3", "free with reference counts", f"{S03}/block_manager.py",
+             "BlockManager.free_sequence: drop the sequence's table; each of its blocks loses a reference, and a "
+             "block nobody references any more goes back on the free list (tail first, so the shared head is "
+             "evicted last).",
+             "A shared block is returned to the pool only when its reference count drops to zero (Kwon et al., "
+             "SOSP 2023, paraphrased).",
+             "Another sequence may still hold the block: look at ref_count before freeing it.",
+             ("for block_id in reversed(self.tables.pop(seq.seq_id, [])):\n"
+              "    self.blocks[block_id].ref_count = max(0, self.blocks[block_id].ref_count - 1)\n"
+              "    self.free[block_id] = None\n",),
+             "puts a block back on the free list while another sequence still references it"),
+        Task("03.4", "the prefix-cache hash chain", f"{S03}/prefix_cache.py",
+             "chain_hash: a full block's identity, from its own token ids and its parent block's hash, so that "
+             "equal hashes mean equal prefixes (the whole prompt up to there).",
+             "vLLM's automatic prefix caching identifies a KV block by a hash of its tokens and of every token "
+             "before it in the sequence (vLLM docs, paraphrased).",
+             "The same 4 tokens at position 0 and at position 4 are different blocks: their keys carry their "
+             "positions (RoPE).",
+             ("return hashlib.sha256(np.asarray(token_ids, dtype=np.int64).tobytes()).digest()\n",),
+             "hashes a block's own tokens only, not the chain before it"),
+        Task("03.5", "preempt a request", f"{S03}/preemption.py",
+             "preempt: a running request gives its blocks back (recompute preemption): free them, mark it "
+             "WAITING and put it at the front of the queue, to be recomputed when blocks allow.",
+             "vLLM's recompute preemption: when blocks run out, the most recently admitted request is evicted and "
+             "its KV recomputed when it is rescheduled (Kwon et al., SOSP 2023, paraphrased).",
+             "Nothing is lost but time: free_sequence returns its blocks; appendleft keeps its turn.",
+             ("seq.status = SequenceStatus.WAITING\n"
+              "waiting.appendleft(seq)\n",),
+             "preempts a request without freeing its blocks (they leak)"),
+    )),
+    Lab("04", "04_kernels", f"{S04}/README.md#on-cpu-and-on-cuda", (
+        Task("04.1", "the fused add_rms_norm kernel", f"{S04}/elementwise.py",
+             "_add_rms_norm_kernel (Triton, one program per row): add the residual (when HAS_RESIDUAL), store the "
+             "sum into res_ptr in the model dtype, then RMSNorm it exactly as common/numerics/ops.py does: squares "
+             "summed per lane (LANES interleaved lanes, float64), the lanes added in order, the root in float64, "
+             "IEEE division, and the weight. Graded bit for bit against ops.add_rms_norm.",
+             "vLLM's fused_add_rms_norm: the residual add and RMSNorm in one pass over the row, one read and one "
+             "write of each tensor (decoding is bound by memory traffic).",
+             "Store the residual first, then read it back chunk by chunk of LANES columns for the sum of squares; "
+             "tl.div_rn, not /.",
+             ("row = tl.program_id(0)\n"
+              "cols = tl.arange(0, BLOCK)\n"
+              "mask = cols < n_cols\n"
+              "x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)\n"
+              "xf = x.to(res_ptr.dtype.element_ty).to(tl.float32)\n"
+              "mean_sq = tl.div_rn(tl.sum(xf * xf, axis=0), n_cols.to(tl.float32)) + eps\n"
+              "root = tl.sqrt(mean_sq.to(tl.float64)).to(tl.float32)\n"
+              "normed = tl.div_rn(xf, root).to(out_ptr.dtype.element_ty).to(tl.float32)\n"
+              "if HAS_RESIDUAL:\n"
+              "    x = x + tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)\n"
+              "tl.store(res_ptr + row * n_cols + cols, x.to(res_ptr.dtype.element_ty), mask=mask)\n"
+              "w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)\n"
+              "tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)\n",),
+             "normalizes x before adding the residual (and sums the squares in one float32 tree)"),
+    )),
+    Lab("05", "05_streaming", f"{S05}/README.md#what-the-code-does", (
+        Task("05.1", "the incremental detokenizer", "common/tokenizer.py",
+             "IncrementalDetokenizer.add and .flush: turn token ids into text pieces that concatenate to the full "
+             "text. A byte-level token can end inside a UTF-8 character (its decode ends in U+FFFD): hold the piece "
+             "back until the character completes; decode with the previous piece's tokens as left context (a "
+             "leading space is folded into the token); at the end, flush whatever is still held back.",
+             "vLLM's incremental detokenization: decode a window of tokens (prefix_offset, read_offset) and emit "
+             "only the new, complete text (vLLM's detokenizer, paraphrased).",
+             "A piece is new text only when the window's decode is longer than the prefix's and does not end in "
+             "U+FFFD; flush() returns decode(all ids) minus what was already emitted.",
+             ("self.ids.append(token_id)\n"
+              "full = self.tokenizer.decode(self.ids, self.skip_special_tokens)\n"
+              "piece = full[len(self.text):]\n"
+              "self.text += piece\n"
+              "return piece\n",
+              "rest = self.tokenizer.decode(self.ids, self.skip_special_tokens)[len(self.text):]\n"
+              "self.text += rest\n"
+              "self.prefix_offset = self.read_offset = len(self.ids)\n"
+              "return rest\n"),
+             "emits a piece that ends in half a UTF-8 character (no hold-back)"),
+        Task("05.2", "hold back a possible stop string", f"{S05}/streams.py",
+             "stable_text_len: how much of seq.output_text a stream may show now. While the request runs and has "
+             "stop strings, a tail that could still grow into one is held back; a finished request shows all.",
+             "OpenAI-style stop strings end the text before the stop string, and a stream must never show text "
+             "that a stop string arriving over later tokens would take back.",
+             "Hold back len(longest stop) - 1 characters: a stop string can begin in this chunk and end in the next.",
+             ("if seq.is_finished or not seq.params.stop:\n"
+              "    return len(seq.output_text)\n"
+              "return len(seq.output_text) if not any(s in seq.output_text for s in seq.params.stop) else 0\n",),
+             "matches a stop string only within the text already there, holding nothing back across chunks"),
+    )),
+]}
