@@ -86,7 +86,7 @@ class LLM:
         if len(ids) >= self.max_model_len:
             raise InvalidParam("prompt", f"the prompt has {len(ids)} tokens but max_model_len is "
                                          f"{self.max_model_len}: shorten it to at most {self.max_model_len - 1} tokens")
-        seq = Sequence(ids, params, self.config.eos_token_id, self.device, prompt=text)
+        seq = Sequence(ids, params, self.config.eos_token_ids or self.config.eos_token_id, self.device, prompt=text)
         seq.max_len = self.max_model_len
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self.engine.check(seq)  # what this engine cannot run (a prompt larger than its KV pool, say)

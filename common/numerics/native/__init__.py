@@ -13,8 +13,8 @@ It is compiled with the machine's C++ compiler against torch's headers into
 used on another machine) and imported as a Python module. Each kernel is bound to Python directly
 (pybind11, as torch's own C++ extensions are) rather than registered as a ``torch.ops`` operator:
 a step calls these kernels a few hundred times, and the dispatcher's boxed call from Python costs
-several times the direct binding's (docs/native-kernels.md). Like a ``torch.ops`` call, the binding lets go of the interpreter
-lock while the kernel runs. Set
+several times the direct binding's (docs/native-kernels.md). Like a ``torch.ops`` call, the binding
+lets go of the interpreter lock while the kernel runs. Set
 ``STEPWISE_NATIVE_ATTENTION=0`` to use the tensor-op attention instead; where no compiler
 works, that is what runs, and ``describe()`` says so.
 """
