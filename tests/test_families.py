@@ -225,3 +225,20 @@ def test_every_stage_gives_the_reference_tokens(family_reference, workload):
             got = run_in_order(llm, prompts, params, order)
         assert [(g.token_ids, g.finish_reason) for g in got] == expected, (name, dtype, stage)
         assert not violations, (name, stage, violations[:3])
+
+
+def test_nano_vllm_workload():
+    """nano-vllm's bench.py: 256 requests, lengths uniform in 100-1,024, seeded (the same list every time)."""
+    from common.tools import workloads
+    prompts, params = workloads.build("nano-vllm", None, 32, 64, vocab=151936)
+    assert len(prompts) == len(params) == 256
+    assert all(100 <= len(p) <= 1024 for p in prompts) and all(100 <= sp.max_tokens <= 1024 for sp in params)
+    assert all(0 <= t <= 10_000 for p in prompts for t in p)
+    assert all(sp.ignore_eos and sp.temperature == 0.6 for sp in params)
+    assert len({sp.seed for sp in params}) == 256  # each request its own draws
+    lengths = [len(p) for p in prompts]
+    assert min(lengths) < 150 and max(lengths) > 970  # spread over the range, not clustered
+    again, _ = workloads.build("nano-vllm", None, 32, 64, vocab=151936)
+    assert again == prompts
+    small, _ = workloads.nano_vllm(vocab=1024)
+    assert max(t for p in small for t in p) <= 1023  # within a small model's vocabulary
