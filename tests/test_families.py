@@ -193,8 +193,8 @@ def family_workloads(draw):
     return prompts, params, draw(st.permutations(range(n))), knobs
 
 
-def build(stage, folder, config, dtype, knobs, prompts, params):
-    kw = {"dtype": dtype, "max_num_seqs": knobs["max_num_seqs"]}
+def build(stage, folder, config, dtype, knobs, prompts, params, quantization=None):
+    kw = {"dtype": dtype, "max_num_seqs": knobs["max_num_seqs"], "quantization": quantization}
     if stage >= "stages.03":
         bs = knobs["block_size"]
         need = max(-(-(len(p) + sp.max_tokens) // bs) for p, sp in zip(prompts, params))
@@ -242,3 +242,48 @@ def test_nano_vllm_workload():
     assert again == prompts
     small, _ = workloads.nano_vllm(vocab=1024)
     assert max(t for p in small for t in p) <= 1023  # within a small model's vocabulary
+
+
+FIXED_PROMPTS = [PROMPT[:20], PROMPT[5:30] + [9, 10], PROMPT[:20] + [600, 601]]
+FIXED_PARAMS = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+                SamplingParams(temperature=0.8, top_k=50, seed=3, max_tokens=12, ignore_eos=True),
+                SamplingParams(temperature=1.0, top_p=0.9, seed=4, max_tokens=8, ignore_eos=True)]
+FIXED_KNOBS = {"max_num_seqs": 2, "block_size": 16, "spare_blocks": 0, "token_budget": 12,
+               "enable_prefix_caching": True}
+
+
+def test_every_stage_gives_the_reference_tokens_int8(family):
+    """int8 weight-only quantization (a bias and the q/k norms stay 16-bit), every stage against the reference."""
+    name, folder = family
+    ref = ReferenceLLM(str(folder), dtype="bfloat16", quantization="int8")
+    expected = [e.token_ids for e in ref.generate(FIXED_PROMPTS, FIXED_PARAMS)]
+    for stage in STAGES:
+        llm = build(stage, folder, ref.config, "bfloat16", FIXED_KNOBS, FIXED_PROMPTS, FIXED_PARAMS,
+                    quantization="int8")
+        assert llm.quantization == "int8"
+        assert [g.token_ids for g in run_in_order(llm, FIXED_PROMPTS, FIXED_PARAMS, [2, 0, 1])] == expected, \
+            (name, stage)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU path is checked where one is")
+def test_every_stage_on_cuda_gives_the_same_tokens(family):
+    """On CUDA: stage 04's Triton kernels at each family's head_dim, with the bias and q/k norm before them."""
+    name, folder = family
+    ref = ReferenceLLM(str(folder), dtype="bfloat16", device="cuda")
+    expected = [e.token_ids for e in ref.generate(FIXED_PROMPTS, FIXED_PARAMS)]
+    for stage in STAGES:
+        llm = build(stage, folder, ref.config, "bfloat16", FIXED_KNOBS, FIXED_PROMPTS, FIXED_PARAMS)
+        assert llm.device.type == "cuda"
+        assert [g.token_ids for g in run_in_order(llm, FIXED_PROMPTS, FIXED_PARAMS, [2, 0, 1])] == expected, \
+            (name, stage)
+
+
+def test_int4_from_dense_weights_every_stage(family_folders):
+    """int4 without a GGUF: the dense weights quantized to Q4_1 at load; head_dim 128 and the q/k norm (Qwen3)."""
+    folder = family_folders["qwen3"]
+    ref = ReferenceLLM(str(folder), dtype="bfloat16", quantization="int4")
+    expected = [e.token_ids for e in ref.generate(FIXED_PROMPTS, FIXED_PARAMS)]
+    for stage in STAGES:
+        llm = build(stage, folder, ref.config, "bfloat16", FIXED_KNOBS, FIXED_PROMPTS, FIXED_PARAMS,
+                    quantization="int4")
+        assert [g.token_ids for g in run_in_order(llm, FIXED_PROMPTS, FIXED_PARAMS, [2, 0, 1])] == expected, stage
