@@ -252,9 +252,12 @@ FIXED_KNOBS = {"max_num_seqs": 2, "block_size": 16, "spare_blocks": 0, "token_bu
                "enable_prefix_caching": True}
 
 
-def test_every_stage_gives_the_reference_tokens_int8(family):
-    """int8 weight-only quantization (a bias and the q/k norms stay 16-bit), every stage against the reference."""
-    name, folder = family
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_every_stage_gives_the_reference_tokens_int8(family_folders, name):
+    """int8 weight-only quantization, every stage against the reference: the families whose layers add something
+    to the linears (Qwen2's bias and Qwen3's q/k norms stay 16-bit); Llama 3 and Mistral add only RoPE and shapes,
+    which bfloat16 checks."""
+    folder = family_folders[name]
     ref = ReferenceLLM(str(folder), dtype="bfloat16", quantization="int8")
     expected = [e.token_ids for e in ref.generate(FIXED_PROMPTS, FIXED_PARAMS)]
     for stage in STAGES:
@@ -287,3 +290,13 @@ def test_int4_from_dense_weights_every_stage(family_folders):
         llm = build(stage, folder, ref.config, "bfloat16", FIXED_KNOBS, FIXED_PROMPTS, FIXED_PARAMS,
                     quantization="int4")
         assert [g.token_ids for g in run_in_order(llm, FIXED_PROMPTS, FIXED_PARAMS, [2, 0, 1])] == expected, stage
+
+
+def test_a_prompt_past_the_sliding_window_is_refused_with_the_reason(family_folders):
+    """Mistral's window (512 here) caps the context: a longer prompt fails alone, saying why; so does more."""
+    llm = ReferenceLLM(str(family_folders["mistral"]), dtype="float32")
+    long, short = llm.generate([[5] * 600, PROMPT], SamplingParams(temperature=0, max_tokens=2))
+    assert long.finish_reason == "error" and "sliding window" in long.error and "511" in long.error
+    assert short.finish_reason == "length" and len(short.token_ids) == 2
+    with pytest.raises(ValueError, match="sliding window"):
+        ReferenceLLM(str(family_folders["mistral"]), dtype="float32", max_model_len=1024)
