@@ -54,8 +54,15 @@ class LLM:
         self.config = self.model.config
         self.tokenizer = Tokenizer(self.folder)
         limit = self.config.max_position_embeddings
+        window = self.config.sliding_window
+        self.window_note = (f" (the model's sliding window: stepwise's attention is full attention, which is "
+                            f"sliding-window attention only within the window's {window} tokens)"
+                            if window is not None and window == limit else "")
         if max_model_len is not None:
-            check_int("max_model_len", max_model_len, 2, limit)  # the model's context
+            try:
+                check_int("max_model_len", max_model_len, 2, limit)  # the model's context
+            except InvalidParam as e:
+                raise InvalidParam("max_model_len", f"{e}{self.window_note}") from None
         # The model allows 8,192 positions; 2,048 keeps a per-slot reservation (stage 02) affordable.
         self.max_model_len = max_model_len or min(limit, 2048)
         self.max_num_seqs = max_num_seqs
@@ -84,9 +91,11 @@ class LLM:
         if not ids:
             raise InvalidParam("prompt", "the prompt is empty: give at least one token")
         if len(ids) >= self.max_model_len:
+            window = self.window_note if self.max_model_len == self.config.max_position_embeddings else ""
             raise InvalidParam("prompt", f"the prompt has {len(ids)} tokens but max_model_len is "
-                                         f"{self.max_model_len}: shorten it to at most {self.max_model_len - 1} tokens")
-        seq = Sequence(ids, params, self.config.eos_token_id, self.device, prompt=text)
+                                         f"{self.max_model_len}{window}: shorten it to at most "
+                                         f"{self.max_model_len - 1} tokens")
+        seq = Sequence(ids, params, self.config.eos_token_ids or self.config.eos_token_id, self.device, prompt=text)
         seq.max_len = self.max_model_len
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self.engine.check(seq)  # what this engine cannot run (a prompt larger than its KV pool, say)

@@ -1,4 +1,6 @@
-"""Load a Llama checkpoint folder (Hugging Face layout) into a `Llama` in a chosen dtype and device."""
+"""Load a checkpoint folder (Hugging Face layout: Llama, Mistral, Qwen2, Qwen3) into a `Llama` in a chosen dtype
+and device. Every tensor config.json implies must be there in its shape, and no other: a stray tensor (a bias
+the config does not declare, say) means the config and the weights disagree, and is refused."""
 from __future__ import annotations
 
 import os
@@ -10,6 +12,7 @@ from safetensors import safe_open
 
 from common.config import ModelConfig
 from common.model import Llama
+from common.numerics.quant import Q4_1_SUFFIX
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,7 +49,22 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
             p + "mlp.down_proj.weight": (h, f),
         })
+        if c.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (c.num_attention_heads * d,),
+                           p + "self_attn.k_proj.bias": (c.num_key_value_heads * d,),
+                           p + "self_attn.v_proj.bias": (c.num_key_value_heads * d,)})
+        if c.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if c.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
     return shapes
+
+
+def is_extra(name: str, c: ModelConfig) -> bool:
+    """Tensors a checkpoint may hold beyond ``expected_shapes``: the GGUF's Q4_1 blocks (int4), RoPE's cached
+    frequencies (recomputed from the config), and a tied head saved anyway (the embedding is the head)."""
+    return (name.endswith(Q4_1_SUFFIX) or name.endswith("rotary_emb.inv_freq")
+            or (c.tie_word_embeddings and name == "lm_head.weight"))
 
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | None = "auto",
@@ -63,7 +81,12 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
         with safe_open(file, framework="pt") as f:  # memory-mapped: nothing is read until used
             for name in f.keys():
                 weights[name] = f.get_tensor(name)
-    for name, shape in expected_shapes(config).items():
+    expected = expected_shapes(config)
+    extra = sorted(n for n in weights if n not in expected and not is_extra(n, config))
+    if extra:
+        raise ValueError(f"{folder}: tensor {extra[0]!r} is in the checkpoint but config.json "
+                         f"(model_type={config.family!r}) implies no such tensor ({len(extra)} unexpected)")
+    for name, shape in expected.items():
         if name not in weights:
             raise KeyError(f"{folder}: tensor {name!r} is missing from the checkpoint")
         if tuple(weights[name].shape) != shape:

@@ -1,4 +1,10 @@
-"""One Llama forward pass (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied LM head).
+"""One Llama-layout forward pass (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or untied LM head).
+
+The families ``common.config`` accepts differ only in switches this file reads: a bias on q, k, v
+(Qwen2; and o with ``attention_bias``), an RMSNorm on each query and key head before RoPE (Qwen3),
+and RoPE's frequency table (``rope_inv_freq``: Llama 3's rescaling, linear interpolation). Both
+switches act on the merged projection's output before ``attend``, so every stage's attention and
+stage 04's fused RoPE see the same q, k, v.
 
 The model does not own a KV cache. Each layer hands its new q, k, v to an
 ``AttentionBackend`` supplied by whoever runs the step: the reference uses a
@@ -9,6 +15,7 @@ Everything numeric (the linears, attention, the element-wise ops) comes through 
 """
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -35,20 +42,25 @@ class Llama:
         self.layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
-            self.layers.append({
+            layer = {
                 "attn_norm": w(p + "input_layernorm.weight"),
                 "qkv": make.linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"]),
                 "o": make.linear([p + "self_attn.o_proj.weight"]),
                 "mlp_norm": w(p + "post_attention_layernorm.weight"),
                 "gate_up": make.linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
                 "down": make.linear([p + "mlp.down_proj.weight"]),
-            })
+            }
+            if config.qkv_bias:  # added after the linear, in the model dtype: a row's result is its own
+                layer["qkv_bias"] = torch.cat([w(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
+            if config.o_bias:
+                layer["o_bias"] = w(p + "self_attn.o_proj.bias")
+            if config.qk_norm:
+                layer["q_norm"], layer["k_norm"] = w(p + "self_attn.q_norm.weight"), w(p + "self_attn.k_norm.weight")
+            self.layers.append(layer)
         self.norm = w("model.norm.weight")
         self.lm_head = make.lm_head(config.tie_word_embeddings)
         make.finish()
-        d = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), inv_freq)
+        freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), rope_inv_freq(config))
         self.cos, self.sin = freqs.cos().to(self.device), freqs.sin().to(self.device)  # [positions, d / 2]
         linears = [layer[n] for layer in self.layers for n in ("qkv", "o", "gate_up", "down")] + [self.lm_head]
         self.batch_invariant = batch_invariant
@@ -76,6 +88,15 @@ class Llama:
         c = self.config
         return ops.rope_qkv(qkv, cos, sin, c.num_attention_heads, c.num_key_value_heads)
 
+    def qk_norm(self, qkv: torch.Tensor, layer: dict) -> torch.Tensor:
+        """Qwen3: RMSNorm over each query head and each key head (their own weights), v as it is."""
+        c, tokens = self.config, qkv.shape[0]
+        nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        q = ops.add_rms_norm(qkv[:, :nq * d].reshape(tokens * nq, d), None, layer["q_norm"], c.rms_norm_eps)[0]
+        k = ops.add_rms_norm(qkv[:, nq * d:(nq + nkv) * d].reshape(tokens * nkv, d), None, layer["k_norm"],
+                             c.rms_norm_eps)[0]
+        return torch.cat([q.view(tokens, -1), k.view(tokens, -1), qkv[:, (nq + nkv) * d:]], 1)
+
     def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         return ops.swiglu(gate_up)
 
@@ -93,8 +114,15 @@ class Llama:
         h, residual = self.embed[input_ids], None
         for i, layer in enumerate(self.layers):
             h, residual = self.add_rms_norm(h, residual, layer["attn_norm"])
-            o = self.attend(i, layer["qkv"](h), cos, sin, attention).reshape(tokens, -1)
-            h, residual = self.add_rms_norm(layer["o"](o), residual, layer["mlp_norm"])
+            qkv = layer["qkv"](h)
+            if "qkv_bias" in layer:
+                qkv = qkv + layer["qkv_bias"]
+            if "q_norm" in layer:
+                qkv = self.qk_norm(qkv, layer)
+            o = layer["o"](self.attend(i, qkv, cos, sin, attention).reshape(tokens, -1))
+            if "o_bias" in layer:
+                o = o + layer["o_bias"]
+            h, residual = self.add_rms_norm(o, residual, layer["mlp_norm"])
             h = layer["down"](self.swiglu(layer["gate_up"](h)))
         h, _ = self.add_rms_norm(h, residual, self.norm)
         return h
@@ -105,4 +133,26 @@ class Llama:
         return self.lm_head(hidden).float()
 
 
-__all__ = ["Llama", "AttentionBackend", "ROW_TILE"]
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2] in float32, as transformers computes them for the rope type.
+
+    linear: every frequency divided by ``factor`` (positions interpolated). llama3: wavelengths longer
+    than ``original_max_position_embeddings / low_freq_factor`` are divided by ``factor``, those shorter
+    than ``... / high_freq_factor`` kept, and the band between blended smoothly."""
+    d, p = config.head_dim, dict(config.rope_scaling)
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if config.rope_type == "linear":
+        return inv_freq / p["factor"]
+    if config.rope_type == "llama3":
+        factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+        old = p["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+__all__ = ["Llama", "rope_inv_freq", "AttentionBackend", "ROW_TILE"]

@@ -199,8 +199,15 @@ def prepare_tiny(folder: Path | None = None, dtype: str = "float32", seed: int =
     return write_atomically(folder, write)
 
 
+CHECKPOINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+
 def resolve_model(model: str | os.PathLike, checkpoint_dtype: str = "float32") -> Path:
-    """A checkpoint folder for ``model``: a path as given, or a named model, prepared on first use."""
+    """A checkpoint folder for ``model``: a path as given, or a named model, prepared on first use.
+
+    A path is any local Hugging Face folder of a supported family (common.config): config.json, its
+    *.safetensors (one file or shards), tokenizer.json, tokenizer_config.json and, if it has them,
+    generation_config.json (more EOS ids) and chat_template.jinja. Nothing is downloaded."""
     model = str(model)
     if model in (DEFAULT_MODEL, "tiny"):
         folder = checkpoint_dir(model, checkpoint_dtype)
@@ -213,6 +220,11 @@ def resolve_model(model: str | os.PathLike, checkpoint_dtype: str = "float32") -
             f"model {model!r} is neither a checkpoint folder nor a known name "
             f"({DEFAULT_MODEL!r}, 'tiny'); prepare one with `python -m common.prepare`"
         )
+    missing = [f for f in CHECKPOINT_FILES if not (path / f).exists()]
+    if missing or not any(path.glob("*.safetensors")):
+        raise FileNotFoundError(f"{path} is not a checkpoint folder stepwise can run: it lacks "
+                                f"{', '.join(missing + ([] if any(path.glob('*.safetensors')) else ['*.safetensors']))}"
+                                " (a Hugging Face model folder has them all)")
     return path
 
 

@@ -66,14 +66,16 @@ class RequestOutput:
 class Sequence:
     """A request as the engine sees it: its prompt, the tokens sampled so far, and how many are cached."""
 
-    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, eos_token_id: int,
+    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, eos_token_id: int | tuple[int, ...],
                  device: torch.device, prompt: str | None = None):
         self.seq_id = next(_ids)
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.params = params
-        self.eos_token_id = eos_token_id
+        # One id or several (Llama 3 ends a turn with <|eot_id|> or <|end_of_text|>): any of them ends the request.
+        self.eos_token_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+        self.eos_token_id = eos_token_id if isinstance(eos_token_id, int) else tuple(eos_token_id)[0]
         self.generator = make_generator(params, device)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
@@ -119,7 +121,7 @@ class Sequence:
         p, token = self.params, self.output_token_ids[-1]
         if p.stop and any(s in self.output_text for s in p.stop):  # a stop string may span tokens
             return "stop"
-        if (token == self.eos_token_id and not p.ignore_eos) or token in p.stop_token_ids:
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
         if len(self.output_token_ids) >= p.max_tokens or (self.max_len and len(self) >= self.max_len):
             return "length"

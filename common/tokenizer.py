@@ -64,9 +64,17 @@ class Tokenizer:
         folder = Path(folder)
         self._tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
         cfg = json.loads((folder / "tokenizer_config.json").read_text())
-        self.eos_token_id = self._tok.token_to_id(cfg["eos_token"])
+        token_text = lambda t: t.get("content") if isinstance(t, dict) else t  # noqa: E731  (older configs: objects)
+        self.eos_token_id = self._tok.token_to_id(token_text(cfg.get("eos_token")) or "")
         self.vocab_size = self._tok.get_vocab_size()
-        self._template = ImmutableSandboxedEnvironment().from_string(cfg["chat_template"])
+        self._template_globals = {"bos_token": token_text(cfg.get("bos_token")) or "",
+                                  "eos_token": token_text(cfg.get("eos_token")) or ""}
+        source = chat_template_source(folder, cfg)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) if source else None
+        if env is not None:
+            env.globals["raise_exception"] = _raise_template_error
+            env.globals["strftime_now"] = lambda fmt: "26 Jul 2024" if fmt else ""  # fixed: tokens never hang on
+        self._template = env.from_string(source) if env is not None else None  # the clock (Llama 3.2's template)
         # Message content is user text: this second tokenizer reads special-token strings in it as plain text.
         self._plain = HFTokenizer.from_file(str(folder / "tokenizer.json"))
         self._plain.encode_special_tokens = True
@@ -85,8 +93,12 @@ class Tokenizer:
         return self._tok.token_to_id(token)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """ChatML; with no system message, SmolLM2's default system prompt is inserted."""
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+        """The folder's own chat template (SmolLM2's: ChatML, with its default system prompt when none is given)."""
+        if self._template is None:
+            raise ValueError("this checkpoint folder has no chat template (tokenizer_config.json's chat_template or "
+                             "chat_template.jinja): give the prompt as text or token ids")
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     **self._template_globals)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """The chat prompt's token ids, in which a message's content is always text, never control tokens.
@@ -111,6 +123,21 @@ class Tokenizer:
             elif piece:
                 ids += self._plain.encode(fill(piece), add_special_tokens=False).ids
         return ids
+
+
+def chat_template_source(folder: Path, cfg: dict) -> str | None:
+    """The folder's chat template: tokenizer_config.json's (a string, or a list of named ones: 'default'),
+    else chat_template.jinja (what transformers 5 writes), else None."""
+    template = cfg.get("chat_template")
+    if isinstance(template, list):
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if template is None and (folder / "chat_template.jinja").exists():
+        template = (folder / "chat_template.jinja").read_text()
+    return template
+
+
+def _raise_template_error(message: str):
+    raise ValueError(f"the chat template refused the messages: {message}")
 
 
 class IncrementalDetokenizer:

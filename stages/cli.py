@@ -31,7 +31,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="most requests in flight (slots)")
     ap.add_argument("--max-model-len", type=int, default=None)
-    ap.add_argument("--workload", default="chat", choices=["chat", "random", "toy"])
+    ap.add_argument("--workload", default="chat", choices=["chat", "random", "toy", "nano-vllm"],
+                    help="nano-vllm: its benchmark (256 random-token requests, lengths 100-1,024, temperature 0.6)")
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--system-prompt", action="store_true", help="chat prompts share a long system prompt")

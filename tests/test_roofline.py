@@ -1,5 +1,8 @@
 """The calculator reproduces the article's worked figures (the arithmetic in its text is the oracle)."""
+from pathlib import Path
+
 import pytest
+import torch
 
 from common.tools import roofline
 
@@ -80,3 +83,25 @@ def test_matmul_rate_is_two_flops_per_multiply_add(monkeypatch):
 def test_measurements_on_this_machine_are_plausible():
     assert 1e8 < roofline.measure_bandwidth(mb=16, repeats=2) < 1e13
     assert 1e8 < roofline.measure_matmul_flops(n=256) < 1e16
+
+
+MODEL_CONFIGS = sorted((Path(roofline.__file__).parent / "model_configs").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", MODEL_CONFIGS, ids=lambda p: p.stem)
+def test_config_figures_count_the_parameters_transformers_builds(path):
+    """From config.json alone: the parameter count of transformers' own model on that config (built on the meta
+    device: no memory, no download), and the KV arithmetic."""
+    import json
+
+    import transformers
+    raw = json.loads(path.read_text())
+    hf_config = transformers.AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items()
+                                                                         if k != "model_type"})
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(hf_config)
+    c = roofline.read_config(str(path))
+    assert roofline.config_params(c)[0] == sum(p.numel() for p in hf.parameters())
+    f = roofline.config_figures(c, [100.0], batch=32, context=1024)
+    assert f["KV bytes per token (16-bit)"] == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2
+    assert f["tok/s at 100 GB/s, 1 request"] == pytest.approx(100e9 / f["weight GB read per decode step"] / 1e9)

@@ -7,6 +7,9 @@ arithmetic on memory: bytes per token times tokens held.
 
 ``python -m common.tools.roofline`` prints the article's worked example, then the same
 figures for SmolLM2 on this machine (measured copy bandwidth and matmul rate).
+``--config PATH`` (a config.json or a checkpoint folder, repeatable; common/tools/model_configs/ holds
+the published configs of a few common models) prints, from the config alone, the weight bytes, KV bytes
+per token, the memory a batch needs and the decode ceilings at ``--bandwidth`` GB/s: nothing is loaded.
 """
 from __future__ import annotations
 
@@ -93,6 +96,43 @@ def edge_figures(params: float = 3e9, bandwidth: float = 100 * GB) -> dict[str, 
     return out
 
 
+def config_params(c) -> tuple[int, int]:
+    """(parameters, parameters one decode step reads) of a ``common.config.ModelConfig``: an untied embedding
+    table is read a row at a time, so a step reads the LM head but not the table; a tied one is both."""
+    h, f, d = c.hidden_size, c.intermediate_size, c.head_dim
+    q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
+    layer = h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h  # projections, MLP, the two norms
+    layer += (q + 2 * kv) * c.qkv_bias + h * c.o_bias + 2 * d * c.qk_norm
+    table = c.vocab_size * h
+    total = c.num_hidden_layers * layer + h + table * (1 if c.tie_word_embeddings else 2)
+    return total, total - (0 if c.tie_word_embeddings else table)
+
+
+def config_figures(c, bandwidths_gbs: list[float], batch: int = 32, context: int = 1024) -> dict[str, float]:
+    """What a model needs and how fast it can decode, from its config alone (16-bit weights and KV)."""
+    total, read = config_params(c)
+    w16, r16, per_token = weight_bytes(total, 16), weight_bytes(read, 16), c.kv_bytes_per_token(2)
+    out = {"parameters (millions)": total / 1e6, "weights GB (16-bit)": w16 / GB,
+           "weights GB (8-bit, about)": weight_bytes(total, 8) / GB, "weight GB read per decode step": r16 / GB,
+           "KV bytes per token (16-bit)": per_token,
+           f"memory GB, weights + {batch} x {context:,} tokens of KV": (w16 + batch * context * per_token) / GB}
+    for bw in bandwidths_gbs:
+        out[f"tok/s at {bw:,.0f} GB/s, 1 request"] = decode_tokens_per_s(r16, bw * GB)
+        out[f"tok/s at {bw:,.0f} GB/s, {batch} x {context:,} tokens"] = decode_tokens_per_s(
+            r16, bw * GB, batch, context, per_token)
+    return out
+
+
+def read_config(path: str):
+    """A ModelConfig from a checkpoint folder or a config.json file (refused, as at load, if not understood)."""
+    import json
+    from pathlib import Path
+
+    from common.config import ModelConfig
+    p = Path(path)
+    return ModelConfig.from_folder(p) if p.is_dir() else ModelConfig.from_dict(json.loads(p.read_text()), str(p))
+
+
 def measure_bandwidth(device: str = "cpu", mb: int = 256, repeats: int = 5) -> float:
     """Copy bandwidth in bytes/s (read + write counted), best of ``repeats``."""
     src = torch.empty(mb * 2**20, dtype=torch.uint8, device=device)
@@ -173,7 +213,19 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--article-only", action="store_true")
+    ap.add_argument("--config", action="append", default=[], help="a config.json or checkpoint folder: its figures "
+                    "from the config alone (repeatable; e.g. common/tools/model_configs/qwen3-0.6b.json)")
+    ap.add_argument("--bandwidth", default="100,1000,4800", help="GB/s for --config's decode ceilings")
+    ap.add_argument("--batch", type=int, default=32, help="--config: requests in flight")
+    ap.add_argument("--context", type=int, default=1024, help="--config: tokens each holds")
     args = ap.parse_args()
+    if args.config:
+        bandwidths = [float(b) for b in args.bandwidth.split(",")]
+        for path in args.config:
+            c = read_config(path)
+            Console().print(table(f"{path} ({c.family}, from its config alone)",
+                                  config_figures(c, bandwidths, args.batch, args.context)))
+        return
     from common.loader import resolve_device
     args.device = str(resolve_device(args.device))
     console = Console()

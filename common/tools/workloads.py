@@ -1,4 +1,4 @@
-"""Workloads the stages' command lines and the benchmark run: toy, chat and random."""
+"""Workloads the stages' command lines and the benchmark run: toy, chat, random and nano-vllm."""
 from __future__ import annotations
 
 import random
@@ -68,6 +68,22 @@ def random_lengths(n: int, prompt_range=(16, 256), output_range=(8, 128), vocab:
     return prompts, params
 
 
+NANO_VLLM_REQUESTS = 256
+
+
+def nano_vllm(vocab: int, n: int = NANO_VLLM_REQUESTS, seed: int = 0) -> tuple[list, list[SamplingParams]]:
+    """nano-vllm's bench.py, so the ladder can be held against its published table (Qwen3-0.6B on a GPU): 256
+    requests of random token ids (0-10,000, within the vocabulary), input and output lengths uniform in
+    100-1,024, temperature 0.6, ignore_eos. Its draws come from Python's ``random`` seeded with 0, as here; each
+    request samples with its own seed (its index), so every stage must still give the reference's tokens."""
+    rng = random.Random(seed)
+    top = min(10_000, vocab - 1)
+    prompts = [[rng.randint(0, top) for _ in range(rng.randint(100, 1024))] for _ in range(n)]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=rng.randint(100, 1024), seed=i)
+              for i in range(n)]
+    return prompts, params
+
+
 def build(name: str, tokenizer, n: int, max_tokens: int, vocab: int, seed: int = 0, system: str | None = None):
     if name == "toy":
         return toy()
@@ -75,7 +91,9 @@ def build(name: str, tokenizer, n: int, max_tokens: int, vocab: int, seed: int =
         return chat(tokenizer, n, max_tokens, seed, system)
     if name == "random":
         return random_lengths(n, output_range=(8, max_tokens), vocab=vocab, seed=seed)
-    raise ValueError(f"unknown workload {name!r}: use toy, chat or random")
+    if name == "nano-vllm":  # its own request count and lengths: --num-requests and --max-tokens do not apply
+        return nano_vllm(vocab, seed=seed)
+    raise ValueError(f"unknown workload {name!r}: use toy, chat, random or nano-vllm")
 
 
 def sampled(params: list[SamplingParams], temperature: float = 0.0, top_p: float = 1.0) -> list[SamplingParams]:
