@@ -87,3 +87,29 @@ def test_abort_takes_a_request_out_wherever_it_is():
     step(s)
     s.abort(done)  # already finished: it keeps its reason
     assert done.finish_reason == "length"
+
+
+def test_a_request_that_preempts_itself_counts_as_a_preemption():
+    """What counts as a preemption: any request whose blocks go back so it is recomputed later, the one that steps
+    aside itself (nothing newer is left to preempt) as much as a victim."""
+    s = scheduler(4, 2)  # 8 token slots
+    a, b = request(3), request(4)
+    s.add(a), s.add(b)
+    assert step(s) == [(a, 3), (b, 4)]  # two blocks each: the pool is full
+    assert step(s) == [(a, 1)]  # a's position 3 fits its second block; b, the newest, needs a third and steps aside
+    assert s.running == [a] and list(s.waiting) == [b] and s.block_manager.table(b) == []
+    assert s.num_preempted == 1
+
+
+def test_a_step_that_preempts_admits_nobody_not_even_the_request_it_preempted():
+    """The admission rule after a preemption: newcomers are admitted only in a step that preempted nothing. Here the
+    request that stepped aside would fit again at once (a 3-token chunk in the block it gave back) and would be
+    readmitted, recomputed and preempted again, step after step."""
+    s = scheduler(4, 4, max_num_seqs=2, budget=4)
+    a, b = request(8), request(6)
+    s.add(a), s.add(b)
+    assert step(s) == [(a, 4)] and step(s) == [(a, 4)]  # a's prompt in two chunks: the budget is 4
+    assert step(s) == [(a, 1), (b, 3)]  # a's first decode takes a third block, b's first chunk the fourth
+    assert step(s) == [(a, 1)]  # b's next chunk needs a fifth block: b steps aside, and stays out this step
+    assert s.num_preempted == 1 and s.running == [a] and list(s.waiting) == [b]
+    assert s.block_manager.num_free_blocks == 1

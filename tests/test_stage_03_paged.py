@@ -263,6 +263,38 @@ def test_eviction_takes_the_least_recently_freed_block_first(reference):
     assert got.token_ids == reference.generate([a + [99]], params)[0].token_ids
 
 
+def test_a_freed_sequence_gives_back_its_tail_before_its_head(reference):
+    """Eviction order of a freed sequence's blocks: last to first, so the next allocation evicts a's tail (useless
+    alone: a hit needs every block before it) and keeps its head. Pool of four blocks: a holds three, b then needs
+    two (the one never used and one of a's); a again with one more token still finds its first two blocks."""
+    a, b = list(range(40, 52)), list(range(60, 68))
+    params = SamplingParams(temperature=0, max_tokens=1)
+    llm = paged.LLM("tiny", block_size=4, kv_cache_memory=4 * 4 * TINY_BYTES_PER_TOKEN, max_num_seqs=1)
+    llm.generate([a], params)
+    bm = llm.engine.block_manager
+    assert list(bm.free)[:3] == [3, 2, 1]  # the unused block, then a's blocks from its last to its first
+    llm.generate([b], params)
+    got = llm.generate([a + [99]], params)[0]
+    assert llm.stats.prefix_hit_tokens == 8  # a's first two blocks; its third was evicted
+    assert got.token_ids == reference.generate([a + [99]], params)[0].token_ids
+
+
+def test_a_prefix_is_shared_while_the_request_that_computed_it_still_runs(reference):
+    """Prefix blocks are committed the step they are filled, not when their request finishes. The token budget
+    (82) lets only the first request prefill in the first step; the second, admitted next to its first decode,
+    finds the 80-token prefix in the cache and computes 2 tokens, not 82."""
+    system = list(range(100, 180))  # 80 tokens: five full blocks of 16
+    prompts = [system + [300, 400], system + [301, 401]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm = paged.LLM("tiny", max_num_seqs=2, max_num_batched_tokens=82)
+    with checked_steps() as violations:
+        got = llm.generate(prompts, params)
+    assert not violations, violations[:3]
+    assert llm.stats.prefix_hit_tokens == 80
+    assert llm.stats.prefill_tokens == 82 + 2
+    assert [g.token_ids for g in got] == [e.token_ids for e in reference.generate(prompts, params)]
+
+
 @settings(max_examples=examples(10), deadline=None)
 @given(workload=shared_prefix_workloads(max_requests=5), max_num_seqs=st.integers(1, 4))
 def test_tensor_op_attention_gives_the_reference_tokens_too(workload, max_num_seqs):
