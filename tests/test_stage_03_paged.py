@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import TINY_VOCAB, checked_steps, examples, sampling_params
+from workloads import TINY_VOCAB, checked_steps, examples, finish_problems, sampling_params
 
 paged = importlib.import_module("stages.03_paged_kv")
 TINY_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2  # layers x KV heads x head size x bf16, keys and values
@@ -49,8 +49,9 @@ def test_same_tokens_as_reference(reference, workload, block_size, spare_blocks,
     with checked_steps() as violations:
         got = llm.generate(prompts, params)
     assert not violations, violations[:3]
-    for e, g in zip(expected, got):
+    for e, g, p in zip(expected, got, params):
         assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)
+        assert not (problems := finish_problems(g, p, reference.config.eos_token_id)), (problems, p)
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks  # every block back in the pool
     assert all(b.ref_count == 0 for b in bm.blocks)

@@ -40,6 +40,27 @@ def workloads(draw, max_requests=8, max_prompt=300):
     return prompts, params
 
 
+def finish_problems(out, params: SamplingParams, eos_token_id: int, max_model_len: int | None = None) -> list[str]:
+    """What is wrong with how an output ended, from its own tokens and text alone. Every engine and the reference
+    run the same `Sequence` code, so comparing with the reference cannot see a mistake there. A request ends at its
+    first stop token or EOS; a stop token or EOS wins over the length limit (the ``max_tokens``-th token can finish
+    with "stop"); "length" means ``max_tokens`` (or the context) was reached; the text holds no stop string."""
+    ids, problems = out.token_ids, []
+    stops = lambda t: (t == eos_token_id and not params.ignore_eos) or t in params.stop_token_ids  # noqa: E731
+    if any(stops(t) for t in ids[:-1]):
+        problems.append("went on past a stop token or EOS")
+    if ids and stops(ids[-1]) and out.finish_reason != "stop":
+        problems.append(f"ended on a stop token or EOS with {out.finish_reason!r}, not 'stop'")
+    if out.finish_reason == "stop" and not (ids and stops(ids[-1])) and not params.stop:
+        problems.append("'stop' with no stop token, EOS or stop string")
+    full = len(ids) == params.max_tokens or (max_model_len and len(out.prompt_token_ids) + len(ids) >= max_model_len)
+    if out.finish_reason == "length" and not full:
+        problems.append(f"'length' after {len(ids)} of max_tokens={params.max_tokens}")
+    if any(s in out.text for s in params.stop):
+        problems.append(f"a stop string in the text {out.text!r}")
+    return problems
+
+
 def wait_until(condition, timeout: float = 30.0) -> bool:
     """Poll ``condition`` until it holds (True) or ``timeout`` seconds pass (False): the engine runs in a thread."""
     end = time.time() + timeout
