@@ -4,8 +4,10 @@ out, back at the front of the queue; stage 05's abort takes a request out wherev
 import importlib
 
 import torch
+from hypothesis import given, settings, strategies as st
 
 from common import SamplingParams, Sequence
+from workloads import checked_steps, examples
 
 paged = importlib.import_module("stages.03_paged_kv")
 streaming = importlib.import_module("stages.05_streaming.engine")
@@ -113,3 +115,32 @@ def test_a_step_that_preempts_admits_nobody_not_even_the_request_it_preempted():
     assert step(s) == [(a, 1)]  # b's next chunk needs a fifth block: b steps aside, and stays out this step
     assert s.num_preempted == 1 and s.running == [a] and list(s.waiting) == [b]
     assert s.block_manager.num_free_blocks == 1
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(prompts=st.lists(st.lists(st.integers(10, 12), min_size=1, max_size=24), min_size=1, max_size=7),
+       max_tokens=st.lists(st.integers(1, 12), min_size=7, max_size=7), block_size=st.sampled_from([1, 2, 4]),
+       spare_blocks=st.integers(0, 6), max_num_seqs=st.integers(1, 4), token_budget=st.integers(0, 12),
+       prefix_caching=st.booleans())
+def test_the_scheduling_rules_hold_at_every_step_of_any_workload(prompts, max_tokens, block_size, spare_blocks,
+                                                                 max_num_seqs, token_budget, prefix_caching):
+    """Without a model, so hundreds of workloads a second: every step checked by `checked_steps` (budgets, limits,
+    preemptions counted, the newest preempted, no admission after a preemption, full blocks committed), with pools
+    so small that requests preempt each other and themselves, and prompts over three token ids that share
+    prefixes. Every request runs to its max_tokens and every block comes back."""
+    seqs = [Sequence(prompt, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True), 2, torch.device("cpu"))
+            for prompt, m in zip(prompts, max_tokens)]
+    need = max(-(-(len(q) + q.params.max_tokens) // block_size) for q in seqs)  # the pool fits the largest alone
+    pc = paged.PrefixCache(block_size) if prefix_caching else None
+    s = paged.Scheduler(paged.BlockManager(need + spare_blocks, block_size, pc), max_num_seqs,
+                        max_num_seqs + token_budget, pc)
+    for seq in seqs:
+        s.add(seq)
+    with checked_steps() as violations:
+        for _ in range(2000):
+            if not s.has_work():
+                break
+            assert step(s), "a step with nothing to run"
+    assert not violations, violations[:3]
+    assert all(q.is_finished and len(q.output_token_ids) == q.params.max_tokens for q in seqs)
+    assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
