@@ -2,6 +2,7 @@
 (running sequences first, oldest first; newcomers with what budget is left; the newest preempted when blocks run
 out, back at the front of the queue; stage 05's abort takes a request out wherever it is)."""
 import importlib
+from collections import deque
 
 import torch
 from hypothesis import given, settings, strategies as st
@@ -144,3 +145,16 @@ def test_the_scheduling_rules_hold_at_every_step_of_any_workload(prompts, max_to
     assert not violations, violations[:3]
     assert all(q.is_finished and len(q.output_token_ids) == q.params.max_tokens for q in seqs)
     assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
+
+
+def test_make_room_counts_every_victim_it_preempts():
+    """One call can preempt several requests (newest first) when the one that needs room needs several blocks."""
+    bm = paged.BlockManager(4, 2)
+    a, b, c = request(2), request(2), request(2)
+    running, waiting = [a, b, c], deque()
+    for seq in running:
+        bm.allocate(seq, [])
+        bm.append_slots(seq, 2)
+        seq.num_cached_tokens = 2
+    assert preemption.make_room(a, 5, running, waiting, bm) == (True, 2)  # a needs 3 more blocks: c's and b's
+    assert running == [a] and list(waiting) == [b, c] and bm.num_free_blocks == 3

@@ -69,3 +69,13 @@ def test_the_text_ends_before_the_earliest_stop_match_whichever_string_it_is():
 def test_a_stop_string_spanning_tokens_cuts_inside_the_earlier_one():
     seq = run([10, 11, 12], {10: "one t", 11: "w", 12: "o three"}, max_tokens=10, stop=["two", "three"])
     assert (seq.output_text, seq.finish_reason, seq.output_token_ids) == ("one ", "stop", [10, 11, 12])
+
+
+def test_a_stop_string_at_the_very_start_leaves_no_text():
+    seq = run([10], {10: "##"}, max_tokens=5, stop=["##"])
+    assert (seq.output_text, seq.finish_reason, seq.output_token_ids) == ("", "stop", [10])
+
+
+def test_a_token_that_brings_a_stop_string_twice_is_cut_at_the_first():
+    seq = run([10, 11], {10: "ab", 11: ",e,e"}, max_tokens=5, stop=[",e"])
+    assert (seq.output_text, seq.finish_reason) == ("ab", "stop")
