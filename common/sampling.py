@@ -135,7 +135,8 @@ def kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """The tokens top-p keeps, as a mask: in descending order of probability a token is dropped exactly when the
     tokens ranked before it already hold ``top_p`` of the mass (vLLM's rule), so the kept set is the shortest head
-    that reaches ``top_p``. Of tokens tied at the head's last probability, the lowest ids are kept."""
+    that reaches ``top_p``. The tie rule: of equal probabilities the lower id ranks first (a stable descending
+    sort's order), so of tokens tied at the head's last probability, the lowest ids are kept."""
     for ordered in descending_heads(probs):
         reached = (ordered.cumsum(0) - ordered >= top_p).cpu().numpy()  # the mass of the tokens ranked before each
         if reached.any() or ordered.numel() == probs.numel():

@@ -117,7 +117,10 @@ class Sequence:
             self.output_text += self.detokenizer.add(token_id)
 
     def stop_reason(self) -> str | None:
-        """Why the request is done after its last token ("stop" or "length"), or None if it goes on."""
+        """Why the request is done after its last token ("stop" or "length"), or None if it goes on.
+
+        A stop (a stop string, EOS or a stop token) wins over the length limit: a stop token sampled as the
+        ``max_tokens``-th token finishes with "stop", as in vLLM, so the stop checks come first."""
         p, token = self.params, self.output_token_ids[-1]
         if p.stop and any(s in self.output_text for s in p.stop):  # a stop string may span tokens
             return "stop"
@@ -132,7 +135,7 @@ class Sequence:
             self.output_text += self.detokenizer.flush()  # a character left incomplete at the end
             self.detokenizer = None
         hits = [i for i in (self.output_text.find(s) for s in self.params.stop) if i >= 0]
-        if hits:  # the text ends before the earliest stop string
+        if hits:  # the text ends before the earliest match, whichever stop string it is and wherever it is listed
             self.output_text = self.output_text[:min(hits)]
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason

@@ -36,6 +36,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seq.num_cached_tokens += n
         self.cache.commit(seq, self.bm.table(seq))
 
+    def release(self, seq: Sequence) -> None:
+        """Free a finishing or preempted sequence's blocks: the ones nobody else holds join the free list's end (the
+        last evicted) from its last block to its first, so its head, which a later request can share, outlives its
+        tail, useless without it."""
+        table = self.bm.table(seq)
+        alone = [b for b in table if self.bm.blocks[b].ref_count == 1]
+        self.bm.free_sequence(seq)
+        assert list(self.bm.free)[len(self.bm.free) - len(alone):] == alone[::-1]
+
     @rule(system=st.sampled_from(SYSTEM_PROMPTS + [[]]), tail=tokens)
     def new_request(self, system, tail):
         self.waiting.append(Sequence(system + tail, SamplingParams(max_tokens=99), 0, torch.device("cpu")))
@@ -72,7 +81,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if self.bm.can_append(seq, 1):
             self.write(seq, 1)
         else:  # out of blocks: preempt it (recomputed later), as the scheduler would
-            self.bm.free_sequence(seq)
+            self.release(seq)
             self.running.remove(seq)
             self.waiting.append(seq)
 
@@ -80,14 +89,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish(self, data):
         seq = data.draw(st.sampled_from(self.running))
-        self.bm.free_sequence(seq)
+        self.release(seq)
         self.running.remove(seq)
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
     def preempt(self, data):
         seq = data.draw(st.sampled_from(self.running))
-        self.bm.free_sequence(seq)
+        self.release(seq)
         self.running.remove(seq)
         self.waiting.append(seq)
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import TINY_VOCAB, checked_steps, examples, sampling_params
+from workloads import TINY_VOCAB, checked_steps, examples, finish_problems, sampling_params
 
 paged = importlib.import_module("stages.03_paged_kv")
 TINY_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2  # layers x KV heads x head size x bf16, keys and values
@@ -49,8 +49,9 @@ def test_same_tokens_as_reference(reference, workload, block_size, spare_blocks,
     with checked_steps() as violations:
         got = llm.generate(prompts, params)
     assert not violations, violations[:3]
-    for e, g in zip(expected, got):
+    for e, g, p in zip(expected, got, params):
         assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)
+        assert not (problems := finish_problems(g, p, reference.config.eos_token_id)), (problems, p)
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks  # every block back in the pool
     assert all(b.ref_count == 0 for b in bm.blocks)
@@ -261,6 +262,38 @@ def test_eviction_takes_the_least_recently_freed_block_first(reference):
     got = llm.generate([a + [99]], params)[0]
     assert llm.stats.prefix_hit_tokens == 8
     assert got.token_ids == reference.generate([a + [99]], params)[0].token_ids
+
+
+def test_a_freed_sequence_gives_back_its_tail_before_its_head(reference):
+    """Eviction order of a freed sequence's blocks: last to first, so the next allocation evicts a's tail (useless
+    alone: a hit needs every block before it) and keeps its head. Pool of four blocks: a holds three, b then needs
+    two (the one never used and one of a's); a again with one more token still finds its first two blocks."""
+    a, b = list(range(40, 52)), list(range(60, 68))
+    params = SamplingParams(temperature=0, max_tokens=1)
+    llm = paged.LLM("tiny", block_size=4, kv_cache_memory=4 * 4 * TINY_BYTES_PER_TOKEN, max_num_seqs=1)
+    llm.generate([a], params)
+    bm = llm.engine.block_manager
+    assert list(bm.free)[:3] == [3, 2, 1]  # the unused block, then a's blocks from its last to its first
+    llm.generate([b], params)
+    got = llm.generate([a + [99]], params)[0]
+    assert llm.stats.prefix_hit_tokens == 8  # a's first two blocks; its third was evicted
+    assert got.token_ids == reference.generate([a + [99]], params)[0].token_ids
+
+
+def test_a_prefix_is_shared_while_the_request_that_computed_it_still_runs(reference):
+    """Prefix blocks are committed the step they are filled, not when their request finishes. The token budget
+    (82) lets only the first request prefill in the first step; the second, admitted next to its first decode,
+    finds the 80-token prefix in the cache and computes 2 tokens, not 82."""
+    system = list(range(100, 180))  # 80 tokens: five full blocks of 16
+    prompts = [system + [300, 400], system + [301, 401]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm = paged.LLM("tiny", max_num_seqs=2, max_num_batched_tokens=82)
+    with checked_steps() as violations:
+        got = llm.generate(prompts, params)
+    assert not violations, violations[:3]
+    assert llm.stats.prefix_hit_tokens == 80
+    assert llm.stats.prefill_tokens == 82 + 2
+    assert [g.token_ids for g in got] == [e.token_ids for e in reference.generate(prompts, params)]
 
 
 @settings(max_examples=examples(10), deadline=None)

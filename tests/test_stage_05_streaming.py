@@ -7,10 +7,13 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from common import ReferenceLLM, SamplingParams
-from workloads import examples, wait_until, workloads
+import torch
+
+from common import ReferenceLLM, SamplingParams, Sequence
+from workloads import examples, finish_problems, wait_until, workloads
 
 streaming = importlib.import_module("stages.05_streaming")
+streams = importlib.import_module("stages.05_streaming.streams")
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +36,13 @@ def test_stream_equals_generate_equals_reference(reference, llm, workload, data)
     for p, prompt in zip(params, prompts):
         text = reference.generate([prompt], p)[0].text
         kind = data.draw(st.sampled_from(["none", "in the text", "absent"]))
+        absent = st.text("qzjx#", min_size=2, max_size=5).filter(lambda s: s not in text)  # noqa: B023
         if kind == "in the text" and text.strip():  # taken from the text the request will produce: ends with "stop"
             i = data.draw(st.integers(0, len(text) - 1))
-            p.stop = [text[i:i + data.draw(st.integers(1, 4))]]
+            # Sometimes next to one that never matches, of another length: the hold-back follows the longest.
+            p.stop = [text[i:i + data.draw(st.integers(1, 4))]] + data.draw(st.lists(absent, max_size=1))
         elif kind == "absent":  # never matches: the request ends by length or EOS, with its held-back tail flushed
-            p.stop = [data.draw(st.text("qzjx#", min_size=2, max_size=5).filter(lambda s: s not in text))]  # noqa: B023
+            p.stop = [data.draw(absent)]
     expected = reference.generate(prompts, params)
     results = [None] * len(prompts)
 
@@ -60,6 +65,11 @@ def test_stream_equals_generate_equals_reference(reference, llm, workload, data)
         assert g.token_ids == e.token_ids
         assert all(c.finish_reason is None for c in chunks[:-1])
         assert not any(s in streamed_text for s in p.stop)
+        # Not through the reference (it runs the same Sequence code): how the request ended, from its own output.
+        assert not (problems := finish_problems(g, p, reference.config.eos_token_id)), (problems, p)
+        full = reference.tokenizer.decode(g.token_ids)
+        if p.stop and g.finish_reason == "stop" and full != g.text:  # cut: the text ends where a stop string starts
+            assert full.startswith(g.text) and any(full.startswith(s, len(g.text)) for s in p.stop), (full, g.text, p)
     assert wait_until(lambda: llm.engine.block_manager.num_used_blocks == 0)
 
 
@@ -76,6 +86,35 @@ def test_stop_string_spanning_tokens_is_not_emitted(reference, llm):
     expected = reference.generate([prompt], params)[0]
     assert text == expected.text == full.text[:full.text.find(stop)]
     assert chunks[-1].finish_reason == "stop" and stop not in text
+
+
+def running(text: str, stop: list[str]) -> Sequence:
+    seq = Sequence([5, 6], SamplingParams(max_tokens=50, stop=stop), 2, torch.device("cpu"))
+    seq.output_text = text
+    return seq
+
+
+def test_the_hold_back_is_as_long_as_the_longest_stop_string():
+    """Hold-back as long as the longest stop string (less one character): "t@@" could still grow into "t@@@", so
+    none of it is shown, though "qz" is only two characters long."""
+    seq = running("xyt@@", ["t@@@", "qz"])
+    assert streams.stable_text_len(seq) == 2  # "xy"
+    assert streams.stable_text_len(running("xyt@@", ["qz", "t@@@"])) == 2  # whatever the order listed
+    assert streams.stable_text_len(running("abcdq", ["t@@@", "qz"])) == 2  # the last 3 held back, whatever they are
+    seq.finish("length")
+    assert streams.stable_text_len(seq) == len("xyt@@")  # a finished request holds nothing back
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(text=st.text("ab@", max_size=12), stop=st.lists(st.text("ab@", min_size=1, max_size=5), min_size=1, max_size=3))
+def test_no_shown_text_can_become_part_of_a_stop_string(text, stop):
+    """Whatever a stream shows while its request runs is final: no stop string can still start in it (as a stop
+    string's head at the end of the text, to be completed by later tokens)."""
+    stable = streams.stable_text_len(running(text, stop))
+    for s in stop:
+        for k in range(1, len(s)):
+            if text.endswith(s[:k]):
+                assert len(text) - k >= stable, (s, k)
 
 
 @pytest.mark.parametrize("params, ending", [

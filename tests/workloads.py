@@ -40,6 +40,27 @@ def workloads(draw, max_requests=8, max_prompt=300):
     return prompts, params
 
 
+def finish_problems(out, params: SamplingParams, eos_token_id: int, max_model_len: int | None = None) -> list[str]:
+    """What is wrong with how an output ended, from its own tokens and text alone. Every engine and the reference
+    run the same `Sequence` code, so comparing with the reference cannot see a mistake there. A request ends at its
+    first stop token or EOS; a stop token or EOS wins over the length limit (the ``max_tokens``-th token can finish
+    with "stop"); "length" means ``max_tokens`` (or the context) was reached; the text holds no stop string."""
+    ids, problems = out.token_ids, []
+    stops = lambda t: (t == eos_token_id and not params.ignore_eos) or t in params.stop_token_ids  # noqa: E731
+    if any(stops(t) for t in ids[:-1]):
+        problems.append("went on past a stop token or EOS")
+    if ids and stops(ids[-1]) and out.finish_reason != "stop":
+        problems.append(f"ended on a stop token or EOS with {out.finish_reason!r}, not 'stop'")
+    if out.finish_reason == "stop" and not (ids and stops(ids[-1])) and not params.stop:
+        problems.append("'stop' with no stop token, EOS or stop string")
+    full = len(ids) == params.max_tokens or (max_model_len and len(out.prompt_token_ids) + len(ids) >= max_model_len)
+    if out.finish_reason == "length" and not full:
+        problems.append(f"'length' after {len(ids)} of max_tokens={params.max_tokens}")
+    if any(s in out.text for s in params.stop):
+        problems.append(f"a stop string in the text {out.text!r}")
+    return problems
+
+
 def wait_until(condition, timeout: float = 30.0) -> bool:
     """Poll ``condition`` until it holds (True) or ``timeout`` seconds pass (False): the engine runs in a thread."""
     end = time.time() + timeout
@@ -79,28 +100,52 @@ def checked_steps():
     """Check every step a paged scheduler (stages 03-05) plans while the block runs; yields the violations found.
 
     A step feeds at most ``max_num_batched_tokens`` tokens and ``max_num_seqs`` sequences, each sequence once,
-    each at least one and at most its uncomputed tokens, into blocks already allocated for them. Stage 05 plans
-    in its engine thread, so violations are collected, not raised: the test asserts the list is empty."""
+    each at least one and at most its uncomputed tokens, into blocks already allocated for them. The scheduling
+    rules whose breach leaves every token unchanged (so no comparison with the reference sees it) are checked too:
+    every request sent back to the queue counts as a preemption, the one that steps aside itself included; the
+    victims are the newest running requests, back at the front of the queue in admission order; a step that
+    preempted admits nobody, not even the request it preempted; and every full block of computed tokens a running
+    request holds is in the prefix cache (committed the step it was filled, not when its request finishes), so a
+    request with the same start hits it while the first still runs. Stage 05 plans in its engine thread, so
+    violations are collected, not raised: the test asserts the list is empty."""
     scheduler_class = importlib.import_module("stages.03_paged_kv").Scheduler
-    plan, violations = scheduler_class.schedule, []
+    preemption = importlib.import_module("stages.03_paged_kv.preemption")
+    plan, preempt, violations = scheduler_class.schedule, preemption.preempt, []
+    seen = threading.local()  # the sequences preempted by the step planning on this thread
+
+    def record_preempt(seq, waiting, block_manager):
+        getattr(seen, "preempted", []).append(seq)
+        return preempt(seq, waiting, block_manager)
 
     def schedule(self):
-        seqs, lens = plan(self)
-        bs = self.block_manager.block_size
+        bm, pc = self.block_manager, self.prefix_cache
+        bs = bm.block_size
+        committed = pc is None or all(bm.table(s)[i] in pc.of_block
+                                      for s in self.running for i in range(s.num_cached_tokens // bs))
+        before, seen.preempted = list(self.running), []
+        try:
+            seqs, lens = plan(self)
+        finally:
+            preempted, seen.preempted = seen.preempted, []
+        k = len(preempted)
         checks = {
             "token budget": sum(lens) <= self.max_num_batched_tokens,
             "sequence limit": len(seqs) <= self.max_num_seqs and len(self.running) <= self.max_num_seqs,
             "each sequence once": len({s.seq_id for s in seqs}) == len(seqs) == len(lens),
             "feeds 1..uncomputed tokens": all(1 <= n <= s.num_new_tokens for s, n in zip(seqs, lens)),
-            "blocks allocated": all(len(self.block_manager.table(s)) * bs >= s.num_cached_tokens + n
-                                    for s, n in zip(seqs, lens)),
+            "blocks allocated": all(len(bm.table(s)) * bs >= s.num_cached_tokens + n for s, n in zip(seqs, lens)),
+            "every preemption counted": self.num_preempted == k,
+            "the newest preempted, requeued first in admission order":
+                preempted == before[::-1][:k] and list(self.waiting)[:k] == before[len(before) - k:],
+            "no admission in a step that preempted": not k or self.running == before[:len(before) - k],
+            "running requests' full blocks committed": committed,
         }
-        violations.extend(f"{name}: lens={lens}, budget={self.max_num_batched_tokens}"
+        violations.extend(f"{name}: lens={lens}, budget={self.max_num_batched_tokens}, preempted={k}"
                           for name, ok in checks.items() if not ok)
         return seqs, lens
 
-    scheduler_class.schedule = schedule
+    scheduler_class.schedule, preemption.preempt = schedule, record_preempt
     try:
         yield violations
     finally:
-        scheduler_class.schedule = plan
+        scheduler_class.schedule, preemption.preempt = plan, preempt

@@ -102,9 +102,14 @@ class BlockManager:
 
     # ---- release ----------------------------------------------------------------------
     def free_sequence(self, seq: Sequence) -> None:
-        """Return a finished or preempted sequence's blocks; cached ones stay revivable until handed out again."""
+        """Return a finished or preempted sequence's blocks; cached ones stay revivable until handed out again.
+
+        Tail first: the free list hands out (and so evicts) its least recently freed block first, and a cached
+        block is useful only if every block before it is still cached too. Freed last to first, a sequence's tail
+        goes before its head, which any later request with the same start can reuse; freed head first, the next
+        allocation would evict the head and leave the rest of its chain cached but unreachable."""
         # lab 03.3 begin: free with reference counts
-        for block_id in reversed(self.tables.pop(seq.seq_id, [])):  # the tail is evicted before the shared head
+        for block_id in reversed(self.tables.pop(seq.seq_id, [])):
             block = self.blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block_id} freed twice"

@@ -20,7 +20,8 @@ def make_room(seq: Sequence, num_tokens: int, running: list[Sequence], waiting: 
     """Preempt the newest running requests until ``seq`` can append ``num_tokens`` tokens.
 
     Returns (whether ``seq`` can run, how many requests were preempted); when nothing newer is left,
-    ``seq`` steps aside itself."""
+    ``seq`` steps aside itself, and that counts as a preemption too: its blocks go back and it is recomputed
+    later like any victim (the step's ``num_preempted`` and the engine's ``stats.preemptions`` include it)."""
     preempted = 0
     while not block_manager.can_append(seq, num_tokens) and running[-1] is not seq:
         preempt(running.pop(), waiting, block_manager)

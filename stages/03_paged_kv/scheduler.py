@@ -57,7 +57,9 @@ class Scheduler:
             seqs.append(seq), lens.append(n)
             budget -= n
             i += 1
-        # Admit newcomers only when nothing had to be preempted: memory is tight otherwise.
+        # Admit newcomers only when nothing had to be preempted: memory is tight otherwise, and the request just
+        # preempted (now first in the queue) would be readmitted at once, to recompute what it gave back and be
+        # preempted again.
         while self.waiting and not self.num_preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             prefix = self.prefix_cache.lookup(seq) if self.prefix_cache is not None else []
@@ -89,6 +91,8 @@ class Scheduler:
         bm = self.block_manager
         finished = [seq for seq, n, token in zip(seqs, lens, tokens) if advance(seq, n, token)]
         if self.prefix_cache is not None:
+            # Every block filled this step, of running and finished sequences alike: a request with the same start
+            # admitted at the next step reuses it while its first owner still runs.
             for seq in seqs:
                 self.prefix_cache.commit(seq, bm.table(seq))
         self.held_tokens = bm.filled_tokens(self.running)  # KV holding tokens at the step's end, before releases

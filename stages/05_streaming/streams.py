@@ -106,7 +106,9 @@ def deliver(items: list) -> None:
 
 def stable_text_len(seq: Sequence) -> int:
     """How much of ``seq.output_text`` a stream may show now: a tail that could still grow into a stop string is
-    held back (the text must end before the stop string, which may arrive over several tokens)."""
+    held back (the text must end before the stop string, which may arrive over several tokens). That tail is one
+    character shorter than the *longest* stop string: any shorter hold-back could show the start of a long one
+    (``t@`` of ``t@@@``) that a later token completes, and ``generate()`` never returns."""
     # lab 05.2 begin: hold back a possible stop string
     if seq.is_finished or not seq.params.stop:
         return len(seq.output_text)
