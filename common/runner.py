@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from common.model import AttentionBackend, Llama
-from common.sampling import sample_batch
+from common.sampling import process_logits, sample_batch
 from common.sequence import Sequence
 
 
@@ -36,6 +36,10 @@ class ModelRunner:
         tokens: list[int | None] = [None] * len(seqs)
         if done:
             logits = self.model.compute_logits(hidden[torch.tensor(last, device=dev)])
+            if any(seqs[i].params.adjusts_logits for i in done):  # penalties and constraints, row by row
+                logits = torch.stack([process_logits(row, s.params, s.prompt_token_ids, s.output_token_ids,
+                                                     s.eos_token_id) if s.params.adjusts_logits else row
+                                      for row, s in zip(logits, (seqs[i] for i in done))])
             sampled = sample_batch(logits, [seqs[i].params for i in done], [seqs[i].generator for i in done])
             for i, token in zip(done, sampled):
                 tokens[i] = token

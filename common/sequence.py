@@ -44,6 +44,15 @@ class RequestMetrics:
 
 
 @dataclass
+class CompletionOutput:
+    """One of a request's n samples (vLLM's name)."""
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+
+
+@dataclass
 class RequestOutput:
     request_id: int
     prompt: str | None
@@ -53,6 +62,11 @@ class RequestOutput:
     finish_reason: str | None  # "stop", "length", or "error" (then `error` says why)
     metrics: RequestMetrics
     error: str | None = None
+    outputs: list[CompletionOutput] = field(default_factory=list)  # vLLM's: one per sample (n), the first above
+
+    def __post_init__(self):
+        if not self.outputs:
+            self.outputs = [CompletionOutput(0, self.token_ids, self.text, self.finish_reason)]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -83,6 +97,8 @@ class Sequence:
         self.num_cached_tokens = 0  # tokens whose keys and values are in the KV cache
         self.output_text = ""  # detokenized as tokens arrive (when a detokenizer is attached)
         self.detokenizer = None  # common.tokenizer.IncrementalDetokenizer, attached by the LLM front end
+        self.group: list[Sequence] = [self]  # the n samples of its request (SamplingParams.n), itself among them
+        self.sample_index = 0  # its place among them: its seed is the request's + sample_index
 
     @property
     def num_new_tokens(self) -> int:
@@ -117,6 +133,8 @@ class Sequence:
     def stop_reason(self) -> str | None:
         """Why the request is done after its last token ("stop" or "length"), or None if it goes on."""
         p, token = self.params, self.output_token_ids[-1]
+        if len(self.output_token_ids) < p.min_tokens and not (self.max_len and len(self) >= self.max_len):
+            return None  # vLLM: no stop of any kind before min_tokens
         if p.stop and any(s in self.output_text for s in p.stop):  # a stop string may span tokens
             return "stop"
         if (token == self.eos_token_id and not p.ignore_eos) or token in p.stop_token_ids:

@@ -40,6 +40,14 @@ class PagedKVCache:
     def bytes_per_block(self) -> int:
         return self.block_size * self.config.kv_bytes_per_token(self.k.element_size())
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: block ``destination`` gets ``source``'s keys and values in every layer. One gather, then
+        one scatter, so a block freed and handed out again within the step is read before it is written."""
+        if pairs:
+            src, dst = (torch.tensor(x, device=self.k.device) for x in zip(*pairs))
+            self.k[:, dst] = self.k[:, src]
+            self.v[:, dst] = self.v[:, src]
+
     def prepare(self, seqs: list[Sequence], query_lens: list[int], tables: list[list[int]]) -> None:
         """Describe the next step: seq s writes query_lens[s] tokens after its cached ones, into the blocks of
         its block table ``tables[s]``."""

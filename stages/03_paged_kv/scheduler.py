@@ -60,17 +60,23 @@ class Scheduler:
         # Admit newcomers only when nothing had to be preempted: memory is tight otherwise.
         while self.waiting and not self.num_preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if any(s in self.running and s.num_cached_tokens < s.num_prompt_tokens for s in seq.group):
+                break  # a sibling sample is computing the prompt: wait one step or a few, then share it (a fork)
             prefix = self.prefix_cache.lookup(seq) if self.prefix_cache is not None else []
-            n = min(len(seq) - len(prefix) * bm.block_size, budget)
-            if n < len(seq) - len(prefix) * bm.block_size and not self.chunked_prefill:
+            hits, cached = len(prefix), len(prefix) * bm.block_size
+            shared, forked = bm.fork_source(seq)
+            if forked > cached:
+                prefix, cached = shared, forked
+            n = min(len(seq) - cached, budget)
+            if n < len(seq) - cached and not self.chunked_prefill:
                 break
-            reserve = self.longest(seq) - len(prefix) * bm.block_size if not self.preemption else n
-            if not bm.can_allocate(reserve, prefix):
+            reserve = self.longest(seq) - cached if not self.preemption else n
+            if not bm.can_allocate(reserve, prefix, cached):
                 break
             self.waiting.popleft()
-            bm.allocate(seq, prefix)
+            bm.allocate(seq, prefix, cached)
             if self.prefix_cache is not None:
-                self.prefix_cache.record(seq, len(prefix))
+                self.prefix_cache.record(seq, hits)
             bm.append_slots(seq, reserve)  # without preemption: every block it can ever need, now
             seq.status = SequenceStatus.RUNNING
             seq.metrics.first_scheduled_time = seq.metrics.first_scheduled_time or time.perf_counter()
