@@ -60,11 +60,11 @@ class Scheduler:
         # Admit newcomers only when nothing had to be preempted: memory is tight otherwise.
         while self.waiting and not self.num_preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if any(s in self.running and s.num_cached_tokens < s.num_prompt_tokens for s in seq.group):
-                break  # a sibling sample is computing the prompt: wait one step or a few, then share it (a fork)
+            shared, forked = bm.fork_source(seq)  # a sibling sample's prompt blocks (SamplingParams.n)
+            if not forked and any(s in self.running and s.num_cached_tokens < s.num_prompt_tokens for s in seq.group):
+                break  # a sibling is computing the prompt: wait a step or a few, then share it (a fork)
             prefix = self.prefix_cache.lookup(seq) if self.prefix_cache is not None else []
             hits, cached = len(prefix), len(prefix) * bm.block_size
-            shared, forked = bm.fork_source(seq)
             if forked > cached:
                 prefix, cached = shared, forked
             n = min(len(seq) - cached, budget)

@@ -8,11 +8,11 @@ from fastapi.responses import StreamingResponse
 from .errors import APIError
 
 
-def choice(chat: bool, text: str, finish: str | None, first: bool = False) -> dict:
+def choice(chat: bool, text: str, finish: str | None, first: bool = False, index: int = 0) -> dict:
     if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
     delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
 
 
 class ClosingStream(StreamingResponse):
