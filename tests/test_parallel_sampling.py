@@ -106,7 +106,7 @@ def test_stages_01_02_run_the_samples_apart(reference, stage):
 def test_aborting_one_sample_or_all_leaves_no_block(reference):
     llm = streaming.LLM("tiny", max_num_seqs=4)
     try:
-        params = SamplingParams(temperature=1.0, seed=2, n=3, max_tokens=30, ignore_eos=True)
+        params = SamplingParams(temperature=1.0, seed=2, n=3, max_tokens=12, ignore_eos=True)
         prompt = list(range(40, 61))
         streams = llm.add_samples(prompt, params)
         for _ in range(4):
@@ -294,3 +294,17 @@ def test_the_openai_client_reads_n_choices_with_penalties(server, reference, str
 def wait_until_idle(server):
     from workloads import wait_until
     return wait_until(lambda: server.llm.engine.block_manager.num_used_blocks == 0)
+
+
+def test_copies_run_in_the_order_recorded():
+    """A sample forked in the same step from a sample's fresh copy copies that copy: block 0 -> 1 -> 2 in order
+    (a single gather-then-scatter would give block 2 block 1's stale contents); then block 0 is reused."""
+    from common.config import ModelConfig
+    from common.prepare import resolve_model
+    cache = paged.PagedKVCache(ModelConfig.from_folder(resolve_model("tiny")), 4, 4, torch.float32,
+                               torch.device("cpu"))
+    for b in range(4):
+        cache.k[:, b], cache.v[:, b] = float(b), -float(b)
+    cache.copy_blocks([(0, 1), (1, 2), (3, 0)])
+    assert [float(cache.k[0, b].mean()) for b in range(4)] == [3.0, 0.0, 0.0, 3.0]
+    assert float(cache.v[:, 2].abs().max()) == 0.0 and float(cache.v[:, 0].mean()) == -3.0

@@ -41,10 +41,10 @@ class PagedKVCache:
         return self.block_size * self.config.kv_bytes_per_token(self.k.element_size())
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write: block ``destination`` gets ``source``'s keys and values in every layer. One gather, then
-        one scatter, so a block freed and handed out again within the step is read before it is written."""
-        if pairs:
-            src, dst = (torch.tensor(x, device=self.k.device) for x in zip(*pairs))
+        """Copy-on-write: block ``destination`` gets ``source``'s keys and values in every layer, pair by pair in
+        the order the block manager recorded them: a sample forked from a block copied earlier in the same step
+        copies the copy, and a block freed and handed out again is read before it is overwritten."""
+        for src, dst in pairs:
             self.k[:, dst] = self.k[:, src]
             self.v[:, dst] = self.v[:, src]
 
