@@ -129,8 +129,8 @@ class LLM:
     def group_output(self, group: list[Sequence]) -> RequestOutput:
         """One output per request: the first sample's fields, and every sample in ``outputs``."""
         out = self.to_output(group[0])
-        out.outputs = [CompletionOutput(s.sample_index, list(s.output_token_ids), s.output_text, s.finish_reason)
-                       for s in group]
+        out.outputs = [CompletionOutput(s.sample_index, list(s.output_token_ids), s.output_text, s.finish_reason,
+                                        list(s.logprobs) if s.params.logprobs is not None else None) for s in group]
         return out
 
     @staticmethod

@@ -3,14 +3,15 @@
 The caller first tells its KV cache what the step holds (``cache.prepare``); the runner
 builds the flattened token ids and positions, runs the model, keeps each sequence's last
 hidden row and samples one token per sequence whose tokens are then all in the cache. It
-changes no sequence: the scheduler's ``postprocess`` records what the step did.
+changes no sequence (but for handing over a token's log-probabilities, when asked for): the
+scheduler's ``postprocess`` records what the step did.
 """
 from __future__ import annotations
 
 import torch
 
 from common.model import AttentionBackend, Llama
-from common.sampling import process_logits, sample_batch
+from common.sampling import process_logits, sample_batch, token_logprobs
 from common.sequence import Sequence
 
 
@@ -35,12 +36,14 @@ class ModelRunner:
         hidden = self.model.forward(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), cache)
         tokens: list[int | None] = [None] * len(seqs)
         if done:
-            logits = self.model.compute_logits(hidden[torch.tensor(last, device=dev)])
+            logits = raw = self.model.compute_logits(hidden[torch.tensor(last, device=dev)])
             if any(seqs[i].params.adjusts_logits for i in done):  # penalties and constraints, row by row
                 logits = torch.stack([process_logits(row, s.params, s.prompt_token_ids, s.output_token_ids,
                                                      s.eos_token_id) if s.params.adjusts_logits else row
                                       for row, s in zip(logits, (seqs[i] for i in done))])
             sampled = sample_batch(logits, [seqs[i].params for i in done], [seqs[i].generator for i in done])
-            for i, token in zip(done, sampled):
+            for row, (i, token) in enumerate(zip(done, sampled)):
                 tokens[i] = token
+                if seqs[i].params.logprobs is not None:  # handed over with the token: append_token records it
+                    seqs[i].next_logprobs = token_logprobs(raw[row], token, seqs[i].params.logprobs)
         return tokens

@@ -10,6 +10,7 @@ from common.validate import InvalidParam, check_bool, check_int, check_text, cli
 
 
 GREEDY_BELOW = 1e-5
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs, and OpenAI's top_logprobs limit
 
 
 @dataclass
@@ -38,6 +39,10 @@ class SamplingParams:
     min_p: float = 0.0
     min_tokens: int = 0
     allowed_token_ids: list[int] | None = None
+    # vLLM's logprobs: with each sampled token, its log-probability and the `logprobs` most likely tokens'. Like
+    # vLLM's default, the model's own distribution (log_softmax of the raw float32 logits, before penalties and
+    # temperature), so a sampled token's figure does not move with the sampling settings.
+    logprobs: int | None = None
 
     def __post_init__(self):
         if self.stop is None or isinstance(self.stop, str):
@@ -110,6 +115,8 @@ class SamplingParams:
                 bad("logit_bias", f"must map token ids (integers in {limit}) to biases")
             if not all(number(b) and -100.0 <= b <= 100.0 for b in self.logit_bias.values()):
                 bad("logit_bias", "every bias must be a number in [-100, 100]")  # OpenAI's range
+        if self.logprobs is not None:
+            check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS, prefix="SamplingParams.")
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
             if not isinstance(ids, list) or not ids or not all(token_id(t) for t in ids):
@@ -162,6 +169,14 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: lis
         counts = torch.bincount(torch.tensor(output_ids, device=dev), minlength=vocab).to(logits.dtype)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
+
+
+def token_logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """(the token's log-probability, the k most likely (id, log-probability), most likely first) from one raw
+    float32 logits row. The row is copied first, so its reduction never depends on where it sat in the batch."""
+    lp = torch.log_softmax(logits.clone().float(), -1)
+    top = torch.topk(lp, k) if k else None
+    return float(lp[token]), [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:

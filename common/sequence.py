@@ -50,6 +50,8 @@ class CompletionOutput:
     token_ids: list[int]
     text: str
     finish_reason: str | None
+    # With SamplingParams.logprobs: per token, (its log-probability, the most likely [(id, log-probability)]).
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 @dataclass
@@ -99,6 +101,8 @@ class Sequence:
         self.detokenizer = None  # common.tokenizer.IncrementalDetokenizer, attached by the LLM front end
         self.group: list[Sequence] = [self]  # the n samples of its request (SamplingParams.n), itself among them
         self.sample_index = 0  # its place among them: its seed is the request's + sample_index
+        self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # per output token, with params.logprobs
+        self.next_logprobs = None  # the next token's, handed over by the ModelRunner
 
     @property
     def num_new_tokens(self) -> int:
@@ -124,6 +128,9 @@ class Sequence:
         """Record a sampled token, its time and its text."""
         now = time.perf_counter()
         self.output_token_ids.append(token_id)
+        if self.next_logprobs is not None:
+            self.logprobs.append(self.next_logprobs)
+            self.next_logprobs = None
         self.metrics.token_times.append(now)
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now

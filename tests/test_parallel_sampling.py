@@ -308,3 +308,53 @@ def test_copies_run_in_the_order_recorded():
     cache.copy_blocks([(0, 1), (1, 2), (3, 0)])
     assert [float(cache.k[0, b].mean()) for b in range(4)] == [3.0, 0.0, 0.0, 3.0]
     assert float(cache.v[:, 2].abs().max()) == 0.0 and float(cache.v[:, 0].mean()) == -3.0
+
+
+def test_logprobs_are_the_models_own_whatever_the_batch(reference):
+    """Each sampled token's log-probability and top-k are the model's raw distribution: the same in a batch of
+    stage 03 forks as in the reference, and equal to log_softmax over one direct forward of the whole text."""
+    from common.tools.quality import window_logits
+    prompt = list(range(200, 223))
+    params = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=6, logprobs=4, repetition_penalty=1.3)
+    got = paged.LLM("tiny", dtype="bfloat16", block_size=4).generate([prompt, [7, 8, 9]], [params, params])[0]
+    for c in got.outputs:
+        alone = reference.generate([prompt], params.for_sample(c.index))[0].outputs[0]
+        assert (c.token_ids, c.logprobs) == (alone.token_ids, alone.logprobs)
+        direct = torch.log_softmax(window_logits(reference, prompt + c.token_ids).float(), -1)
+        for j, (token, (lp, top)) in enumerate(zip(c.token_ids, c.logprobs)):
+            row = direct[len(prompt) - 1 + j]
+            assert lp == pytest.approx(float(row[token]), abs=1e-4)
+            assert [t for t, _ in top] == row.topk(4).indices.tolist() and len(top) == 4
+    with pytest.raises(ValueError, match=r"SamplingParams\.logprobs\b"):
+        SamplingParams(logprobs=21)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_openai_client_reads_logprobs(server, reference, stream):
+    """Chat's logprobs/top_logprobs and completions' logprobs, in OpenAI's shapes, read by the real client: each
+    token's figure is the reference's, for every one of n choices."""
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    params = SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=6, ignore_eos=True, logprobs=3)
+    messages = [{"role": "user", "content": "Hello"}]
+    cases = ((c.chat.completions.create, {"messages": messages, "logprobs": True, "top_logprobs": 3},
+              reference.tokenizer.encode_chat(messages)),
+             (c.completions.create, {"prompt": [[17, 99, 5]], "logprobs": 3}, [17, 99, 5]))
+    for create, fields, ids in cases:
+        expected = [reference.generate([ids], params.for_sample(i))[0].outputs[0] for i in range(2)]
+        got = [[], []]  # per choice: (logprob, top ids' log-probabilities sorted) per token
+        common = dict(model="tiny", n=2, temperature=1.0, seed=5, max_tokens=6, extra_body={"ignore_eos": True})
+        responses = create(stream=True, **common, **fields) if stream else [create(**common, **fields)]
+        for r in responses:
+            for ch in r.choices:
+                if ch.logprobs is None:
+                    continue
+                if "messages" in fields:
+                    got[ch.index] += [(t.logprob, sorted(x.logprob for x in t.top_logprobs))
+                                      for t in ch.logprobs.content]
+                else:  # the legacy top_logprobs are keyed by token text, which two ids may share: values only
+                    assert all(0 < len(top) <= 3 for top in ch.logprobs.top_logprobs)
+                    got[ch.index] += [(lp, None) for lp in ch.logprobs.token_logprobs]
+        chat = "messages" in fields
+        assert got == [[(lp, sorted(v for _, v in top) if chat else None) for lp, top in e.logprobs]
+                       for e in expected]

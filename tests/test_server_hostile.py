@@ -83,7 +83,7 @@ CASES = [  # (id, path, body: dict or raw bytes, headers, status, param, words t
     ("no messages", CHAT, MSG | {"messages": []}, {}, 400, "messages", "at least 1"),
     ("messages is a string", CHAT, MSG | {"messages": "hello"}, {}, 400, "messages", "valid list"),
     *[(f"{name} is unsupported", C, body(**{name: value}), {}, 400, name, "not supported")
-      for name, value in [("logprobs", 5), ("best_of", 3), ("echo", True), ("suffix", "x"),
+      for name, value in [("best_of", 3), ("echo", True), ("suffix", "x"),
                           ("tools", [{"type": "function"}]), ("response_format", {"type": "json_object"})]],
     *[(f"{name} is {value!r}", C, body(**{name: value}), {}, 400, name, why) for name, value, why in [
         ("frequency_penalty", 2.5, "[-2, 2]"), ("presence_penalty", -3, "[-2, 2]"), ("presence_penalty", "1", "number"),
@@ -91,7 +91,10 @@ CASES = [  # (id, path, body: dict or raw bytes, headers, status, param, words t
         ("min_tokens", 50, "<= max_tokens"), ("logit_bias", {"5": 101}, "[-100, 100]"),
         ("logit_bias", {"x": 1}, "decimal"), ("logit_bias", {"5000": 1}, "token ids"), ("logit_bias", [5], "dict"),
         ("allowed_token_ids", [], "non-empty"), ("allowed_token_ids", [5000], "[0, 1024)"),
-        ("n", 0, "[1, 128]"), ("n", 129, "[1, 128]")]],
+        ("n", 0, "[1, 128]"), ("n", 129, "[1, 128]"), ("logprobs", 21, "[0, 20]"), ("logprobs", True, "integer")]],
+    ("top_logprobs is 25", CHAT, MSG | {"logprobs": True, "top_logprobs": 25}, {}, 400, "top_logprobs", "[0, 20]"),
+    ("top_logprobs without logprobs", CHAT, MSG | {"top_logprobs": 2}, {}, 400, "top_logprobs", "requires"),
+    ("chat logprobs is 3", CHAT, MSG | {"logprobs": 3}, {}, 400, "logprobs", "boolean"),
     ("an unknown field", C, body(max_token=5), {}, 400, "max_token", "unrecognized"),
     ("stop is an object", C, body(stop={"a": 1}), {}, 400, "stop", "string or a list of strings"),
     ("stop is 5", C, body(stop=5), {}, 400, "stop", "string or a list of strings"),

@@ -26,7 +26,7 @@ from ..engine import LLM, QueueFull, RequestStream
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers, internal_error, log
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
-from .responses import ClosingStream, choice, ended_early, sse
+from .responses import ClosingStream, choice, ended_early, logprobs_object, sse
 from .drain import Drain
 
 
@@ -73,8 +73,20 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
         drain.active.update(stream.request_id for stream in streams)
         return streams
 
+    def logprobs_of(stream: RequestStream, start: int, count: int, chat: bool, offset: int = 0) -> dict | None:
+        """The log-probabilities of the stream's output tokens [start, start + count), when it asked for them."""
+        seq = stream.seq
+        if seq.params.logprobs is None:
+            return None
+        return logprobs_object(engine.tokenizer, seq.output_token_ids[start:start + count],
+                               seq.logprobs[start:start + count], chat, offset)
+
     async def respond(request: Request, req, ids: list[int], chat: bool):
-        streams = await submit(ids, sampling_params(req, chat, len(ids), engine.max_model_len))
+        params = sampling_params(req, chat, len(ids), engine.max_model_len)
+        if params.logprobs is not None and not isinstance(engine, LocalEngine):
+            raise APIError(400, "logprobs are served by a single engine, not through the cluster's gateway",
+                           "top_logprobs" if chat else "logprobs")
+        streams = await submit(ids, params)
         stream = streams[0]
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
@@ -98,9 +110,10 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
             last, text = chunks[-1], "".join(c.text for c in chunks)
             if last.finish_reason in ("abort", "error"):
                 raise ended_early(last)
-            choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            lp = logprobs_of(streams[i], 0, sum(len(c.token_ids) for c in chunks), chat)
+            choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                             "finish_reason": last.finish_reason} if chat else choice(chat, text, last.finish_reason,
-                                                                                      index=i))
+                                                                                      index=i, logprobs=lp))
         tokens = sum(len(c.token_ids) for chunks in per_sample for c in chunks)
         return JSONResponse(head | {"choices": choices, "usage": usage(tokens)}, headers=headers)
 
@@ -118,6 +131,7 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
 
         pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
         first, tokens, left, finished = [True] * len(streams), 0, len(streams), 0
+        seen, offsets = [0] * len(streams), [0] * len(streams)  # per sample: tokens and characters sent
         try:
             while left:
                 i, chunk = await merged.get()
@@ -130,8 +144,14 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
                 if chunk.finish_reason in ("abort", "error"):
                     yield sse(ended_early(chunk).body())
                     break
-                if chunk.text or chunk.finish_reason or first[i]:
-                    data = head | {"choices": [choice(chat, chunk.text, chunk.finish_reason, first[i], index=i)]}
+                lp = logprobs_of(streams[i], seen[i], len(chunk.token_ids), chat, offsets[i]) \
+                    if chunk.token_ids else None
+                seen[i] += len(chunk.token_ids)
+                if lp and not chat:  # the legacy text_offset counts the tokens' own texts, as unstreamed
+                    offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                if chunk.text or chunk.finish_reason or first[i] or lp:
+                    data = head | {"choices": [choice(chat, chunk.text, chunk.finish_reason, first[i], index=i,
+                                                      logprobs=lp)]}
                     finished += bool(chunk.finish_reason)
                     if finished == len(streams) and chunk.finish_reason and usage is not None:
                         data["usage"] = usage(tokens)

@@ -21,7 +21,7 @@ from .errors import APIError
 
 MAX_DEPTH = 16  # the deepest valid body is 5 levels (messages -> message -> content -> part -> text)
 # OpenAI fields that are not implemented, each with the values that mean "off" (those are accepted).
-UNSUPPORTED = {"logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
+UNSUPPORTED = {"echo": (False,), "best_of": (1,), "suffix": ("",),
                "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
                "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],), "prediction": (),
                "reasoning_effort": (), "web_search_options": ()}
@@ -70,6 +70,7 @@ class SamplingFields(Strict):
 
 class CompletionRequest(SamplingFields):
     prompt: Any
+    logprobs: int | None = None  # the legacy API's: how many most likely tokens to list with each token
 
     @field_validator("prompt")
     @classmethod
@@ -106,6 +107,8 @@ class ChatMessage(Strict):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 def parse_request(raw: bytes, model: type[Strict]) -> Strict:
@@ -140,6 +143,12 @@ def sampling_params(req: SamplingFields, chat: bool, prompt_len: int, max_model_
     requested = getattr(req, name)
     kwargs = {f: getattr(req, f) for f in ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
                                            "ignore_eos", "n", *PENALTIES) if getattr(req, f) is not None}
+    if chat and req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
+    if chat and req.logprobs:
+        kwargs["logprobs"] = 0 if req.top_logprobs is None else req.top_logprobs
+    elif not chat and req.logprobs is not None:
+        kwargs["logprobs"] = req.logprobs
     if req.logit_bias is not None:  # JSON keys are strings: OpenAI's token ids in decimal
         if not all(k.isascii() and k.isdigit() and len(k) < 10 for k in req.logit_bias):
             raise APIError(400, "logit_bias: every key must be a token id written in decimal, like \"50256\"",
@@ -149,7 +158,7 @@ def sampling_params(req: SamplingFields, chat: bool, prompt_len: int, max_model_
         params = SamplingParams(max_tokens=min(256 if chat else 16, room) if requested is None else requested,
                                 **kwargs)
     except InvalidParam as e:
-        param = name if e.param == "max_tokens" else e.param
+        param = name if e.param == "max_tokens" else "top_logprobs" if e.param == "logprobs" and chat else e.param
         raise APIError(400, str(e).replace("SamplingParams.max_tokens", param).replace("SamplingParams.", ""),
                        param) from None
     if requested is not None and requested > room:

@@ -8,11 +8,31 @@ from fastapi.responses import StreamingResponse
 from .errors import APIError
 
 
-def choice(chat: bool, text: str, finish: str | None, first: bool = False, index: int = 0) -> dict:
+def choice(chat: bool, text: str, finish: str | None, first: bool = False, index: int = 0,
+           logprobs: dict | None = None) -> dict:
     if not chat:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def logprobs_object(tokenizer, ids: list[int], entries: list, chat: bool, text_offset: int = 0) -> dict:
+    """OpenAI's shapes for tokens ``ids`` and their (log-probability, top [(id, log-probability)]) entries: chat's
+    ``{"content": [{token, logprob, bytes, top_logprobs}]}``, the legacy completions' parallel lists. A token's
+    text is its own decoding (a piece of a character decodes to U+FFFD; ``bytes`` are that text's)."""
+    def text(t: int) -> str:
+        return tokenizer.decode([t], skip_special_tokens=False)
+
+    if chat:
+        return {"content": [{"token": text(t), "logprob": lp, "bytes": list(text(t).encode()),
+                             "top_logprobs": [{"token": text(i), "logprob": v, "bytes": list(text(i).encode())}
+                                              for i, v in top]} for t, (lp, top) in zip(ids, entries)]}
+    offsets, at = [], text_offset
+    for t in ids:
+        offsets.append(at)
+        at += len(text(t))
+    return {"tokens": [text(t) for t in ids], "token_logprobs": [lp for lp, _ in entries],
+            "top_logprobs": [{text(i): v for i, v in top} for _, top in entries], "text_offset": offsets}
 
 
 class ClosingStream(StreamingResponse):
