@@ -131,6 +131,8 @@ class LLM:
         out = self.to_output(group[0])
         out.outputs = [CompletionOutput(s.sample_index, list(s.output_token_ids), s.output_text, s.finish_reason,
                                         list(s.logprobs) if s.params.logprobs is not None else None) for s in group]
+        if group[0].params.prompt_logprobs is not None:
+            out.prompt_logprobs = list(group[0].prompt_logprobs)
         return out
 
     @staticmethod

@@ -43,6 +43,7 @@ class SamplingParams:
     # vLLM's default, the model's own distribution (log_softmax of the raw float32 logits, before penalties and
     # temperature), so a sampled token's figure does not move with the sampling settings.
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for every prompt token (none shared from the prefix cache)
 
     def __post_init__(self):
         if self.stop is None or isinstance(self.stop, str):
@@ -115,8 +116,9 @@ class SamplingParams:
                 bad("logit_bias", f"must map token ids (integers in {limit}) to biases")
             if not all(number(b) and -100.0 <= b <= 100.0 for b in self.logit_bias.values()):
                 bad("logit_bias", "every bias must be a number in [-100, 100]")  # OpenAI's range
-        if self.logprobs is not None:
-            check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS, prefix="SamplingParams.")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 0, MAX_LOGPROBS, prefix="SamplingParams.")
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
             if not isinstance(ids, list) or not ids or not all(token_id(t) for t in ids):

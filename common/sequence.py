@@ -65,6 +65,7 @@ class RequestOutput:
     metrics: RequestMetrics
     error: str | None = None
     outputs: list[CompletionOutput] = field(default_factory=list)  # vLLM's: one per sample (n), the first above
+    prompt_logprobs: list | None = None  # with SamplingParams.prompt_logprobs: per prompt token, the first None
 
     def __post_init__(self):
         if not self.outputs:
@@ -103,6 +104,7 @@ class Sequence:
         self.sample_index = 0  # its place among them: its seed is the request's + sample_index
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # per output token, with params.logprobs
         self.next_logprobs = None  # the next token's, handed over by the ModelRunner
+        self.prompt_logprobs: list = [None]  # with params.prompt_logprobs, per prompt token (the first has none)
 
     @property
     def num_new_tokens(self) -> int:

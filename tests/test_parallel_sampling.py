@@ -358,3 +358,44 @@ def test_the_openai_client_reads_logprobs(server, reference, stream):
         chat = "messages" in fields
         assert got == [[(lp, sorted(v for _, v in top) if chat else None) for lp, top in e.logprobs]
                        for e in expected]
+
+
+def direct_log_likelihood(reference, ids):
+    """The oracle: one forward of the whole text through the model, log_softmax, the log-probability of each token
+    after the first given the ones before it."""
+    from common.tools.quality import window_logits
+    lp = torch.log_softmax(window_logits(reference, ids).float(), -1)
+    return [float(lp[p, ids[p + 1]]) for p in range(len(ids) - 1)]
+
+
+def test_prompt_logprobs_equal_the_models_whatever_the_chunking(reference):
+    """Every prompt token scored (the first None), chunked prefill in 16-token steps beside another request in
+    stage 03 as in the reference, and equal to one direct forward; such a request shares no cached block."""
+    prompt = list(range(300, 341))
+    p = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2)
+    expected = reference.generate([prompt], p)[0].prompt_logprobs
+    llm = paged.LLM("tiny", dtype="bfloat16", block_size=4, max_num_batched_tokens=16, max_num_seqs=4)
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2))  # its blocks now sit in the prefix cache
+    got = llm.generate([prompt, prompt[:30]], [p, SamplingParams(temperature=0, max_tokens=3)])[0].prompt_logprobs
+    assert got == expected and got[0] is None and len(got) == len(prompt)
+    assert [lp for lp, _ in got[1:]] == pytest.approx(direct_log_likelihood(reference, prompt), abs=1e-4)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echoed_logprobs_sum_to_the_texts_log_likelihood(server, reference, stream):
+    """Completions with echo and logprobs, through the real client: the prompt comes back first, its first token's
+    log-probability null as in OpenAI, and the echoed figures sum to the text's log-likelihood from the model."""
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    text = "The quick brown fox jumps over the lazy dog"
+    ids = reference.tokenizer.encode(text)
+    args = dict(model="tiny", prompt=text, echo=True, logprobs=1, max_tokens=1, temperature=0)
+    if stream:
+        chunks = list(c.completions.create(stream=True, **args))
+        out = "".join(ch.choices[0].text for ch in chunks)
+        lps = [x for ch in chunks if ch.choices[0].logprobs for x in ch.choices[0].logprobs.token_logprobs]
+    else:
+        choice = c.completions.create(**args).choices[0]
+        out, lps = choice.text, choice.logprobs.token_logprobs
+    assert out.startswith(text) and len(lps) == len(ids) + 1 and lps[0] is None
+    assert sum(lps[1:len(ids)]) == pytest.approx(sum(direct_log_likelihood(reference, ids)), abs=1e-3)

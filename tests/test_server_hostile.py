@@ -83,7 +83,7 @@ CASES = [  # (id, path, body: dict or raw bytes, headers, status, param, words t
     ("no messages", CHAT, MSG | {"messages": []}, {}, 400, "messages", "at least 1"),
     ("messages is a string", CHAT, MSG | {"messages": "hello"}, {}, 400, "messages", "valid list"),
     *[(f"{name} is unsupported", C, body(**{name: value}), {}, 400, name, "not supported")
-      for name, value in [("best_of", 3), ("echo", True), ("suffix", "x"),
+      for name, value in [("best_of", 3), ("suffix", "x"),
                           ("tools", [{"type": "function"}]), ("response_format", {"type": "json_object"})]],
     *[(f"{name} is {value!r}", C, body(**{name: value}), {}, 400, name, why) for name, value, why in [
         ("frequency_penalty", 2.5, "[-2, 2]"), ("presence_penalty", -3, "[-2, 2]"), ("presence_penalty", "1", "number"),
@@ -95,6 +95,8 @@ CASES = [  # (id, path, body: dict or raw bytes, headers, status, param, words t
     ("top_logprobs is 25", CHAT, MSG | {"logprobs": True, "top_logprobs": 25}, {}, 400, "top_logprobs", "[0, 20]"),
     ("top_logprobs without logprobs", CHAT, MSG | {"top_logprobs": 2}, {}, 400, "top_logprobs", "requires"),
     ("chat logprobs is 3", CHAT, MSG | {"logprobs": 3}, {}, 400, "logprobs", "boolean"),
+    ("echo on chat", CHAT, MSG | {"echo": True}, {}, 400, "echo", "unrecognized"),
+    ("echo is 'yes'", C, body(echo="yes"), {}, 400, "echo", "boolean"),
     ("an unknown field", C, body(max_token=5), {}, 400, "max_token", "unrecognized"),
     ("stop is an object", C, body(stop={"a": 1}), {}, 400, "stop", "string or a list of strings"),
     ("stop is 5", C, body(stop=5), {}, 400, "stop", "string or a list of strings"),

@@ -60,10 +60,12 @@ class Scheduler:
         # Admit newcomers only when nothing had to be preempted: memory is tight otherwise.
         while self.waiting and not self.num_preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            shared, forked = bm.fork_source(seq)  # a sibling sample's prompt blocks (SamplingParams.n)
-            if not forked and any(s in self.running and s.num_cached_tokens < s.num_prompt_tokens for s in seq.group):
+            scores = seq.params.prompt_logprobs is not None  # it needs every prompt row computed: nothing shared
+            shared, forked = bm.fork_source(seq) if not scores else ([], 0)  # a sibling sample's prompt blocks
+            if not forked and not scores and any(s in self.running and s.num_cached_tokens < s.num_prompt_tokens
+                                                 for s in seq.group):
                 break  # a sibling is computing the prompt: wait a step or a few, then share it (a fork)
-            prefix = self.prefix_cache.lookup(seq) if self.prefix_cache is not None else []
+            prefix = self.prefix_cache.lookup(seq) if self.prefix_cache is not None and not scores else []
             hits, cached = len(prefix), len(prefix) * bm.block_size
             if forked > cached:
                 prefix, cached = shared, forked

@@ -26,7 +26,7 @@ from ..engine import LLM, QueueFull, RequestStream
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers, internal_error, log
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
-from .responses import ClosingStream, choice, ended_early, logprobs_object, sse
+from .responses import ClosingStream, choice, ended_early, joined, logprobs_object, sse
 from .drain import Drain
 
 
@@ -88,6 +88,9 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
                            "top_logprobs" if chat else "logprobs")
         streams = await submit(ids, params)
         stream = streams[0]
+        echo, echo_lp = "", None  # completions' echo: the prompt's text (and log-probabilities) come first
+        if not chat and req.echo:
+            echo = req.prompt if isinstance(req.prompt, str) else engine.tokenizer.decode(ids)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": model_name}
@@ -100,7 +103,7 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
             return ClosingStream(events(streams, head | {"object": head["object"] + ".chunk" * chat}, chat,
-                                        usage if include_usage else None),
+                                        usage if include_usage else None, echo, ids),
                                  on_close=lambda: [finish(s) for s in streams], headers=headers)
         per_sample = await collect(request, streams)
         if per_sample is None:  # the client went away; nobody reads this
@@ -110,15 +113,27 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
             last, text = chunks[-1], "".join(c.text for c in chunks)
             if last.finish_reason in ("abort", "error"):
                 raise ended_early(last)
-            lp = logprobs_of(streams[i], 0, sum(len(c.token_ids) for c in chunks), chat)
+            if echo:
+                echo_lp = prompt_logprobs_of(streams[i], ids)
+            lp = logprobs_of(streams[i], 0, sum(len(c.token_ids) for c in chunks), chat,
+                             echo_lp["text_offset"][-1] + len(echo_lp["tokens"][-1]) if echo_lp else 0)
             choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                            "finish_reason": last.finish_reason} if chat else choice(chat, text, last.finish_reason,
-                                                                                      index=i, logprobs=lp))
+                            "finish_reason": last.finish_reason} if chat else choice(chat, echo + text,
+                                                                                      last.finish_reason, index=i,
+                                                                                      logprobs=joined(echo_lp, lp)))
         tokens = sum(len(c.token_ids) for chunks in per_sample for c in chunks)
         return JSONResponse(head | {"choices": choices, "usage": usage(tokens)}, headers=headers)
 
-    async def events(streams: list[RequestStream], head: dict, chat: bool, usage):
-        """The samples' chunks as they come, each choice with its index; usage rides on the last one to finish."""
+    def prompt_logprobs_of(stream: RequestStream, ids: list[int]) -> dict | None:
+        seq = stream.seq
+        if seq.params.prompt_logprobs is None:
+            return None
+        return logprobs_object(engine.tokenizer, ids, seq.prompt_logprobs, False)
+
+    async def events(streams: list[RequestStream], head: dict, chat: bool, usage, echo: str = "",
+                     ids: list[int] | None = None):
+        """The samples' chunks as they come, each choice with its index; usage rides on the last one to finish.
+        An echoed prompt (completions) is each choice's first chunk."""
         merged: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, stream: RequestStream):
@@ -144,6 +159,11 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
                 if chunk.finish_reason in ("abort", "error"):
                     yield sse(ended_early(chunk).body())
                     break
+                if echo and first[i]:
+                    echo_lp = prompt_logprobs_of(streams[i], ids)
+                    yield sse(head | {"choices": [choice(chat, echo, None, index=i, logprobs=echo_lp)]})
+                    if echo_lp:
+                        offsets[i] = echo_lp["text_offset"][-1] + len(echo_lp["tokens"][-1])
                 lp = logprobs_of(streams[i], seen[i], len(chunk.token_ids), chat, offsets[i]) \
                     if chunk.token_ids else None
                 seen[i] += len(chunk.token_ids)

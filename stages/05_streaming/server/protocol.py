@@ -21,7 +21,7 @@ from .errors import APIError
 
 MAX_DEPTH = 16  # the deepest valid body is 5 levels (messages -> message -> content -> part -> text)
 # OpenAI fields that are not implemented, each with the values that mean "off" (those are accepted).
-UNSUPPORTED = {"echo": (False,), "best_of": (1,), "suffix": ("",),
+UNSUPPORTED = {"best_of": (1,), "suffix": ("",),
                "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
                "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],), "prediction": (),
                "reasoning_effort": (), "web_search_options": ()}
@@ -71,6 +71,7 @@ class SamplingFields(Strict):
 class CompletionRequest(SamplingFields):
     prompt: Any
     logprobs: int | None = None  # the legacy API's: how many most likely tokens to list with each token
+    echo: bool | None = None  # the prompt comes back before the completion (with logprobs: the prompt's too)
 
     @field_validator("prompt")
     @classmethod
@@ -149,6 +150,8 @@ def sampling_params(req: SamplingFields, chat: bool, prompt_len: int, max_model_
         kwargs["logprobs"] = 0 if req.top_logprobs is None else req.top_logprobs
     elif not chat and req.logprobs is not None:
         kwargs["logprobs"] = req.logprobs
+        if req.echo:  # a text's log-likelihood: every prompt token's log-probability, scored as vLLM does
+            kwargs["prompt_logprobs"] = req.logprobs
     if req.logit_bias is not None:  # JSON keys are strings: OpenAI's token ids in decimal
         if not all(k.isascii() and k.isdigit() and len(k) < 10 for k in req.logit_bias):
             raise APIError(400, "logit_bias: every key must be a token id written in decimal, like \"50256\"",

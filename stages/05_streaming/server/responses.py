@@ -31,8 +31,17 @@ def logprobs_object(tokenizer, ids: list[int], entries: list, chat: bool, text_o
     for t in ids:
         offsets.append(at)
         at += len(text(t))
-    return {"tokens": [text(t) for t in ids], "token_logprobs": [lp for lp, _ in entries],
-            "top_logprobs": [{text(i): v for i, v in top} for _, top in entries], "text_offset": offsets}
+    # An echoed prompt's first token has no log-probability: None, as in OpenAI's answer.
+    return {"tokens": [text(t) for t in ids], "token_logprobs": [None if e is None else e[0] for e in entries],
+            "top_logprobs": [None if e is None else {text(i): v for i, v in e[1]} for e in entries],
+            "text_offset": offsets}
+
+
+def joined(a: dict | None, b: dict | None) -> dict | None:
+    """Two legacy logprobs objects one after the other (an echoed prompt's, then the completion's)."""
+    if a is None or b is None:
+        return a or b
+    return {k: a[k] + b[k] for k in a}
 
 
 class ClosingStream(StreamingResponse):
