@@ -41,6 +41,8 @@ def penalized_params(draw):
     p.min_tokens = draw(st.integers(0, p.max_tokens))
     p.logit_bias = draw(st.sampled_from([None, {5: 3.0, 9: -100.0}]))
     p.allowed_token_ids = draw(st.sampled_from([None, None, list(range(3, 200))]))
+    p.logprobs = draw(st.sampled_from([None, 0, 2]))
+    p.prompt_logprobs = draw(st.sampled_from([None, None, 1]))  # then nothing is shared: every row is computed
     p.validate(TINY_VOCAB)
     return p
 
@@ -64,14 +66,17 @@ def test_every_sample_equals_the_reference_on_shared_blocks(reference, workload,
     llm = paged.LLM("tiny", block_size=block_size, kv_cache_memory=(need + spare_blocks) * block_size *
                     TINY_BYTES_PER_TOKEN, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_seqs + token_budget, enable_prefix_caching=prefix_caching)
-    expected = [expected_samples(reference, prompt, p) for prompt, p in zip(prompts, params)]
+    expected = [[reference.generate([prompt], p.for_sample(i))[0] for i in range(p.n)]
+                for prompt, p in zip(prompts, params)]
     for _ in range(2):  # the second run on a warm prefix cache
         with checked_steps() as violations:
             got = llm.generate(prompts, params)
         assert not violations, violations[:3]
         for p, out, samples in zip(params, got, expected):
             assert [c.index for c in out.outputs] == list(range(p.n))
-            assert [c.token_ids for c in out.outputs] == samples
+            assert [(c.token_ids, c.logprobs) for c in out.outputs] == [(e.token_ids, e.outputs[0].logprobs)
+                                                                         for e in samples]
+            assert out.prompt_logprobs == samples[0].prompt_logprobs
         bm = llm.engine.block_manager
         assert bm.num_free_blocks == bm.num_blocks and all(b.ref_count == 0 for b in bm.blocks)
 
