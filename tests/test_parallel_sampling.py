@@ -56,7 +56,7 @@ def forking_workloads(draw):
     return prompts, [draw(penalized_params()) for _ in prompts]
 
 
-@settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=forking_workloads(), block_size=st.sampled_from([1, 4, 16]), spare_blocks=st.integers(0, 12),
        max_num_seqs=st.integers(1, 6), token_budget=st.integers(0, 24), prefix_caching=st.booleans())
 def test_every_sample_equals_the_reference_on_shared_blocks(reference, workload, block_size, spare_blocks,
