@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from common.loader import load_model, parse_dtype, resolve_device
 from common.paths import DEFAULT_MODEL
 from common.sampling import SamplingParams
-from common.sequence import RequestMetrics, RequestOutput, Sequence
+from common.sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence
 from common.engine import StepResult
 from common.stats import EngineStats
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -105,13 +105,13 @@ class LLM:
                  progress: bool = False) -> list[RequestOutput]:
         """Run every prompt to completion. An invalid request fails alone (finish_reason 'error')."""
         prompts, params = self._check_arguments(prompts, sampling_params)
-        slots: list[Sequence | RequestOutput] = []
+        slots: list[list[Sequence] | RequestOutput] = []
         for prompt, p in zip(prompts, params):
             try:
-                slots.append(self.make_sequence(prompt, p))
+                slots.append(self.make_samples(prompt, p))
             except ValueError as e:
                 slots.append(error_output(prompt, str(e)))
-        seqs = [s for s in slots if isinstance(s, Sequence)]
+        seqs = [s for group in slots if isinstance(group, list) for s in group]
         for i, seq in enumerate(seqs):
             seq.index = i  # arrival order, the label in timelines
         self.stats = EngineStats()
@@ -122,7 +122,27 @@ class LLM:
         self.progress = None
         self.stats.wall_seconds = time.perf_counter() - start
         self.stats.output_tokens = sum(len(s.output_token_ids) for s in seqs)
-        return [self.to_output(s) if isinstance(s, Sequence) else s for s in slots]
+        return [self.group_output(s) if isinstance(s, list) else s for s in slots]
+
+    def make_samples(self, prompt: Prompt, params: SamplingParams | dict | None) -> list[Sequence]:
+        """A request's n samples (SamplingParams.n), each a sequence of its own with sample i's seed (vLLM's rule:
+        `SamplingParams.for_sample`). They know each other (``seq.group``): stage 03 lets them share the prompt's
+        KV blocks; stages 01-02 run them apart, since a slot's cache is its own."""
+        params = SamplingParams.coerce(params)
+        params.validate(self.config.vocab_size)
+        group = [self.make_sequence(prompt, params.for_sample(i)) for i in range(params.n)]
+        for i, seq in enumerate(group):
+            seq.group, seq.sample_index = group, i
+        return group
+
+    def group_output(self, group: list[Sequence]) -> RequestOutput:
+        """One output per request: the first sample's fields, and every sample in ``outputs``."""
+        out = self.to_output(group[0])
+        out.outputs = [CompletionOutput(s.sample_index, list(s.output_token_ids), s.output_text, s.finish_reason,
+                                        list(s.logprobs) if s.params.logprobs is not None else None) for s in group]
+        if group[0].params.prompt_logprobs is not None:
+            out.prompt_logprobs = list(group[0].prompt_logprobs)
+        return out
 
     @staticmethod
     def _check_arguments(prompts, sampling_params) -> tuple[list, list]:

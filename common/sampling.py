@@ -1,7 +1,7 @@
 """SamplingParams (vLLM's names and meanings) and the per-request sampler."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -10,6 +10,7 @@ from common.validate import InvalidParam, check_bool, check_int, check_text, cli
 
 
 GREEDY_BELOW = 1e-5
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs, and OpenAI's top_logprobs limit
 
 
 @dataclass
@@ -22,6 +23,27 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)  # stop strings: the output ends before the first one
+    # n samples of the prompt. vLLM's seed rule (its v1 engine fans a request out into n children): with a seed,
+    # sample i draws from its own generator seeded seed + i; without one, each sample seeds its own at random.
+    # So sample i of a seeded request is exactly the request (n=1, seed=seed + i): `for_sample(i)`.
+    n: int = 1
+    # vLLM's penalties and constraints, applied to a row's float32 logits in this order (`process_logits`):
+    # logit_bias, allowed_token_ids, min_tokens (EOS and stop_token_ids masked until min_tokens are out),
+    # repetition_penalty (tokens of the prompt and output: positive logits divided, negative multiplied),
+    # frequency_penalty (minus penalty x count in the output) and presence_penalty (minus penalty if present);
+    # then temperature, min_p (tokens below min_p x the top probability dropped), top-k, top-p.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    min_p: float = 0.0
+    min_tokens: int = 0
+    allowed_token_ids: list[int] | None = None
+    # vLLM's logprobs: with each sampled token, its log-probability and the `logprobs` most likely tokens'. Like
+    # vLLM's default, the model's own distribution (log_softmax of the raw float32 logits, before penalties and
+    # temperature), so a sampled token's figure does not move with the sampling settings.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for every prompt token (none shared from the prefix cache)
 
     def __post_init__(self):
         if self.stop is None or isinstance(self.stop, str):
@@ -71,17 +93,92 @@ class SamplingParams:
         limit = f"[0, {vocab_size or 'vocab size'})"
         if not isinstance(self.stop_token_ids, list):
             bad("stop_token_ids", f"must be a list of integers in {limit}")
+        def token_id(t):
+            return isinstance(t, int) and not isinstance(t, bool) and t >= 0 and (vocab_size is None or t < vocab_size)
         for t in self.stop_token_ids:
-            if not isinstance(t, int) or isinstance(t, bool) or t < 0 or (vocab_size is not None and t >= vocab_size):
+            if not token_id(t):
                 bad("stop_token_ids", f"every id must be an integer in {limit}")
+        check_int("n", self.n, 1, prefix="SamplingParams.")
+        if self.seed is not None and self.seed + self.n - 1 > 2**64 - 1:
+            bad("seed", f"sample i draws with seed + i: seed + n - 1 must be <= 2**64 - 1 (n={self.n})")
+        for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's and vLLM's range
+            if not number(getattr(self, name)) or not -2.0 <= getattr(self, name) <= 2.0:
+                bad(name, "must be a number in [-2, 2]")
+        if not number(self.repetition_penalty) or not 0.0 < self.repetition_penalty < float("inf"):
+            bad("repetition_penalty", "must be a finite number > 0 (1 disables it)")
+        if not number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            bad("min_p", "must be a number in [0, 1]")
+        check_int("min_tokens", self.min_tokens, 0, prefix="SamplingParams.")
+        if self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(token_id(t) for t in self.logit_bias):
+                bad("logit_bias", f"must map token ids (integers in {limit}) to biases")
+            if not all(number(b) and -100.0 <= b <= 100.0 for b in self.logit_bias.values()):
+                bad("logit_bias", "every bias must be a number in [-100, 100]")  # OpenAI's range
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 0, MAX_LOGPROBS, prefix="SamplingParams.")
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not isinstance(ids, list) or not ids or not all(token_id(t) for t in ids):
+                bad("allowed_token_ids", f"must be a non-empty list of integers in {limit}")
 
     @property
     def greedy(self) -> bool:
         # As in vLLM, a temperature this small is greedy: dividing logits by 1e-40 overflows them to inf (NaN odds).
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether `process_logits` changes a row: a penalty, a bias, a constraint."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens or self.allowed_token_ids is not None)
+
+    def for_sample(self, i: int) -> SamplingParams:
+        """Sample i of n as a request of its own (vLLM's rule): n=1 and, with a seed, seed + i."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + i)
+
 
 FIELD_NAMES = [f.name for f in fields(SamplingParams)]
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int], output_ids: list[int],
+                   eos_token_id: int | None) -> torch.Tensor:
+    """One request's penalties and constraints on its float32 logits row [vocab], vLLM's definitions in
+    SamplingParams' order. Elementwise on the one row, from the request's own tokens: its result never depends on
+    the batch. Returns a new row (the model's logits stay as they are)."""
+    p, logits = params, logits.clone()
+    vocab, dev = logits.numel(), logits.device
+    if p.logit_bias:
+        ids = torch.tensor(list(p.logit_bias), device=dev)
+        logits[ids] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype, device=dev)
+    if p.allowed_token_ids is not None:
+        keep = torch.zeros(vocab, dtype=torch.bool, device=dev)
+        keep[torch.tensor(p.allowed_token_ids, device=dev)] = True
+        logits.masked_fill_(~keep, float("-inf"))
+    if len(output_ids) < p.min_tokens:
+        stops = [t for t in [eos_token_id, *p.stop_token_ids] if t is not None and not (t == eos_token_id and
+                                                                                         p.ignore_eos)]
+        if stops:
+            logits[torch.tensor(stops, device=dev)] = float("-inf")
+    if p.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
+        seen[torch.tensor(prompt_ids + output_ids, dtype=torch.long, device=dev)] = True
+        scaled = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
+        logits = torch.where(seen, scaled, logits)
+    if (p.frequency_penalty or p.presence_penalty) and output_ids:
+        counts = torch.bincount(torch.tensor(output_ids, device=dev), minlength=vocab).to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def token_logprobs(logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """(the token's log-probability, the k most likely (id, log-probability), most likely first) from one raw
+    float32 logits row. The row is copied first, so its reduction never depends on where it sat in the batch."""
+    lp = torch.log_softmax(logits.clone().float(), -1)
+    top = torch.topk(lp, k) if k else None
+    return float(lp[token]), [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -109,6 +206,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.greedy:
         return int(torch.argmax(logits))
     logits = logits / params.temperature
+    if params.min_p > 0.0:  # vLLM's min_p: drop tokens less likely than min_p x the most likely one
+        probs = torch.softmax(logits, -1)
+        logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
     if params.top_k > 0 and params.top_k < logits.numel():
         logits = logits.masked_fill(logits < kth_largest(logits, params.top_k), float("-inf"))
     probs = torch.softmax(logits, -1)

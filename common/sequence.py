@@ -44,6 +44,17 @@ class RequestMetrics:
 
 
 @dataclass
+class CompletionOutput:
+    """One of a request's n samples (vLLM's name)."""
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    # With SamplingParams.logprobs: per token, (its log-probability, the most likely [(id, log-probability)]).
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+
+
+@dataclass
 class RequestOutput:
     request_id: int
     prompt: str | None
@@ -53,6 +64,12 @@ class RequestOutput:
     finish_reason: str | None  # "stop", "length", or "error" (then `error` says why)
     metrics: RequestMetrics
     error: str | None = None
+    outputs: list[CompletionOutput] = field(default_factory=list)  # vLLM's: one per sample (n), the first above
+    prompt_logprobs: list | None = None  # with SamplingParams.prompt_logprobs: per prompt token, the first None
+
+    def __post_init__(self):
+        if not self.outputs:
+            self.outputs = [CompletionOutput(0, self.token_ids, self.text, self.finish_reason)]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -85,6 +102,11 @@ class Sequence:
         self.num_cached_tokens = 0  # tokens whose keys and values are in the KV cache
         self.output_text = ""  # detokenized as tokens arrive (when a detokenizer is attached)
         self.detokenizer = None  # common.tokenizer.IncrementalDetokenizer, attached by the LLM front end
+        self.group: list[Sequence] = [self]  # the n samples of its request (SamplingParams.n), itself among them
+        self.sample_index = 0  # its place among them: its seed is the request's + sample_index
+        self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # per output token, with params.logprobs
+        self.next_logprobs = None  # the next token's, handed over by the ModelRunner
+        self.prompt_logprobs: list = [None]  # with params.prompt_logprobs, per prompt token (the first has none)
 
     @property
     def num_new_tokens(self) -> int:
@@ -110,6 +132,9 @@ class Sequence:
         """Record a sampled token, its time and its text."""
         now = time.perf_counter()
         self.output_token_ids.append(token_id)
+        if self.next_logprobs is not None:
+            self.logprobs.append(self.next_logprobs)
+            self.next_logprobs = None
         self.metrics.token_times.append(now)
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
@@ -122,6 +147,8 @@ class Sequence:
         A stop (a stop string, EOS or a stop token) wins over the length limit: a stop token sampled as the
         ``max_tokens``-th token finishes with "stop", as in vLLM, so the stop checks come first."""
         p, token = self.params, self.output_token_ids[-1]
+        if len(self.output_token_ids) < p.min_tokens and not (self.max_len and len(self) >= self.max_len):
+            return None  # vLLM: no stop of any kind before min_tokens
         if p.stop and any(s in self.output_text for s in p.stop):  # a stop string may span tokens
             return "stop"
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:

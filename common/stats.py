@@ -24,6 +24,8 @@ class EngineStats:
     preemptions: int = 0  # requests evicted from the KV cache to be recomputed (stage 03 on)
     prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache (stage 03 on)
     prefix_query_tokens: int = 0  # prompt tokens looked up in it
+    peak_blocks: int = 0  # most KV blocks held at once (stage 03 on), a shared block once
+    peak_table_blocks: int = 0  # most the same sequences' block tables listed at once: held with nothing shared
     # Per step (the most recent HISTORY steps: a server runs for days): the request in each slot, KV blocks in use.
     timeline: deque = field(default_factory=lambda: deque(maxlen=HISTORY), repr=False)
     block_timeline: deque = field(default_factory=lambda: deque(maxlen=HISTORY), repr=False)
@@ -49,6 +51,8 @@ class EngineStats:
         self.timeline.append(row)
         if hasattr(engine, "num_used_blocks"):
             self.block_timeline.append(engine.num_used_blocks)
+            self.peak_blocks = max(self.peak_blocks, engine.num_used_blocks)
+            self.peak_table_blocks = max(self.peak_table_blocks, engine.num_table_blocks)
 
     @property
     def prefix_hit_rate(self) -> float:

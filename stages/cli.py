@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -39,6 +40,10 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample every request at this temperature, each with its own seed (0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
+    ap.add_argument("--n", type=int, default=1, help="samples per request (SamplingParams.n); from stage 03 on "
+                    "they share the prompt's KV blocks")
+    ap.add_argument("--separate", action="store_true", help="with --n: send each request's samples as requests of "
+                    "their own (sample i with seed + i: the same tokens, nothing forked)")
     ap.add_argument("--kv-memory", default=None,
                     help="KV budget ('192MiB', '2GB', bytes, or a fraction of free memory); stages 01-02 get "
                          "as many max_model_len slots as it holds")
@@ -90,6 +95,11 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
         prompts, params = workloads.build(args.workload, llm.tokenizer, args.num_requests, args.max_tokens,
                                           llm.config.vocab_size, system=system)
         params = workloads.sampled(params, args.temperature, args.top_p)
+        if args.n > 1 and args.separate:
+            prompts = [p for p in prompts for _ in range(args.n)]
+            params = [q.for_sample(i) for q in (replace(p, n=args.n) for p in params) for i in range(args.n)]
+        elif args.n > 1:
+            params = [replace(p, n=args.n) for p in params]
         outputs = llm.generate(prompts, params, progress=True)
         name = STAGE_NAMES.get(module, module)
         failed = [o for o in outputs if o.finish_reason == "error"]
@@ -99,6 +109,10 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
             console.print(f"[bold red]{name}: {len(failed)} of {len(outputs)} requests failed[/]: {failed[0].error}")
         rows[name] = summary_row(llm.stats, outputs, llm.max_num_seqs)
         timelines[name] = list(llm.stats.timeline)
+        if llm.stats.peak_blocks and args.n > 1:
+            console.print(f"{name}: at most {llm.stats.peak_blocks:,} KV blocks held at once; the same sequences' "
+                          f"block tables listed {llm.stats.peak_table_blocks:,} at their peak (held with nothing "
+                          f"shared)")
         if llm.stats.block_timeline:
             blocks[name] = (list(llm.stats.block_timeline), llm.engine.block_manager.num_blocks)
         if args.workload == "chat" and len(stage_modules) == 1:

@@ -196,7 +196,7 @@ BAD = [
     (json.dumps({"model": "tiny", "prompt": "hi", "top_p": 7}).encode(), 400, "top_p"),
     (json.dumps({"model": "tiny", "prompt": [5] * 5000}).encode(), 400, "prompt"),
     (json.dumps({"model": "tiny", "prompt": 12}).encode(), 400, "prompt"),
-    (json.dumps({"model": "tiny", "prompt": "hi", "n": 3}).encode(), 400, "n"),
+    (json.dumps({"model": "tiny", "prompt": "hi", "n": 0}).encode(), 400, "n"),
 ]
 
 

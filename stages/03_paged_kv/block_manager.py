@@ -4,7 +4,10 @@ A sequence owns a *block table*: the ids of the blocks that hold its keys and va
 order. Blocks are taken from a free list as the sequence grows and go back when it finishes
 or is preempted, so memory held tracks tokens written, not the longest a request might
 become. A block can be shared (its reference count says by how many sequences): that is
-how the prefix cache (``prefix_cache.py``) lets requests reuse each other's prompts.
+how the prefix cache (``prefix_cache.py``) lets requests reuse each other's prompts, and how
+the n samples of one request (SamplingParams.n) share their prompt: a sample *forks* a
+sibling's prompt blocks, the last one partial, and the first write into a block someone else
+still holds copies it first (copy-on-write, Kwon et al., 2023, section 4.4).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ class BlockManager:
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.tables: dict[int, list[int]] = {}  # seq_id -> the blocks holding its tokens, in position order
         self.prefix_cache = prefix_cache
+        self.copies: list[tuple[int, int]] = []  # copy-on-write (source, destination) pairs the cache must copy
 
     # ---- accounting -----------------------------------------------------------------
     @property
@@ -56,13 +60,26 @@ class BlockManager:
         return self.tables.get(seq.seq_id, [])
 
     # ---- admission ------------------------------------------------------------------
-    def can_allocate(self, num_tokens: int, prefix: list[int]) -> bool:
-        """Can a sequence holding nothing take the cached blocks ``prefix`` and room for ``num_tokens`` more tokens?"""
+    def can_allocate(self, num_tokens: int, prefix: list[int], cached: int | None = None) -> bool:
+        """Can a sequence holding nothing take the cached blocks ``prefix`` and room for ``num_tokens`` more tokens?
+        ``cached``: the tokens ``prefix`` holds, when its last block is partial (a fork) and so copied on write."""
+        cached = len(prefix) * self.block_size if cached is None else cached
         revived = sum(1 for b in prefix if self.blocks[b].ref_count == 0)  # they leave the free list
-        fresh = self.blocks_for(len(prefix) * self.block_size + num_tokens) - len(prefix)
-        return revived + fresh <= self.num_free_blocks
+        fresh = self.blocks_for(cached + num_tokens) - len(prefix)
+        copy = int(cached % self.block_size != 0 and num_tokens > 0)  # a sibling holds the partial block
+        return revived + fresh + copy <= self.num_free_blocks
 
-    def allocate(self, seq: Sequence, prefix: list[int]) -> None:
+    def fork_source(self, seq: Sequence) -> tuple[list[int], int]:
+        """The blocks of a sibling sample (same prompt) that hold ``seq``'s prompt, and how many tokens they hold:
+        its whole prompt but the last token, whose logits give the sample's own first token (the whole prompt
+        for a sample preempted after it generated). ([], 0) when no sibling has computed that much."""
+        want = min(seq.num_prompt_tokens, len(seq) - 1)
+        for other in seq.group:
+            if other is not seq and other.seq_id in self.tables and other.num_cached_tokens >= want > 0:
+                return self.tables[other.seq_id][:self.blocks_for(want)], want
+        return [], 0
+
+    def allocate(self, seq: Sequence, prefix: list[int], cached: int | None = None) -> None:
         """Give a waiting sequence its cached prefix blocks (shared); its other tokens will be computed."""
         assert seq.seq_id not in self.tables, "sequence already holds blocks"
         # lab 03.1 begin: allocate shared prefix blocks
@@ -73,23 +90,48 @@ class BlockManager:
             block.ref_count += 1
         self.tables[seq.seq_id] = list(prefix)
         # lab 03.1 end
-        seq.num_cached_tokens = len(prefix) * self.block_size
+        seq.num_cached_tokens = len(prefix) * self.block_size if cached is None else cached
 
     # ---- growth -----------------------------------------------------------------------
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """New blocks ``seq`` needs to hold ``num_tokens`` more tokens than it has computed."""
-        return max(0, self.blocks_for(seq.num_cached_tokens + num_tokens) - len(self.table(seq)))
+        return max(0, self.blocks_for(seq.num_cached_tokens + num_tokens) - len(self.table(seq))) \
+            + int(self.shared_write_block(seq, num_tokens) is not None)
 
     def can_append(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(seq, num_tokens) <= self.num_free_blocks
 
     def append_slots(self, seq: Sequence, num_tokens: int) -> None:
         """Make room for ``num_tokens`` more of ``seq``'s tokens (a block at a time, as they are needed)."""
+        self.copy_on_write(seq, num_tokens)
         # lab 03.2 begin: append blocks as a sequence grows
         table = self.tables.setdefault(seq.seq_id, [])
         for _ in range(self.blocks_needed(seq, num_tokens)):
             table.append(self._take_free_block())
         # lab 03.2 end
+
+    def copy_on_write(self, seq: Sequence, num_tokens: int) -> None:
+        """If the block ``seq``'s next write lands in is held by a sibling sample too, give ``seq`` a copy of it."""
+        table = self.tables.setdefault(seq.seq_id, [])
+        i = self.shared_write_block(seq, num_tokens)
+        if i is not None:
+            source, table[i] = table[i], self._take_free_block()
+            self.blocks[source].ref_count -= 1
+            self.copies.append((source, table[i]))
+
+    def shared_write_block(self, seq: Sequence, num_tokens: int) -> int | None:
+        """Where in ``seq``'s table its next write lands in a partial block another sequence holds too, or None.
+        Only a fork shares a partial block (the prefix cache shares full ones, never written again)."""
+        table, cached = self.table(seq), seq.num_cached_tokens
+        i = cached // self.block_size
+        if num_tokens > 0 and cached % self.block_size and i < len(table) and self.blocks[table[i]].ref_count > 1:
+            return i
+        return None
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write pairs since the last call: the cache copies them before the step writes."""
+        copies, self.copies = self.copies, []
+        return copies
 
     def _take_free_block(self) -> int:
         if not self.free:

@@ -104,6 +104,7 @@ class LLMEngine:
             raise RuntimeError("the scheduler could not run anything: a request larger than the pool?")
         self.num_running = len(self.scheduler.running)  # in flight this step, the ones it finishes included
         starts = [s.num_cached_tokens for s in seqs]
+        self.cache.copy_blocks(self.block_manager.take_copies())  # copy-on-write, before this step's writes
         self.cache.prepare(seqs, lens, [self.block_manager.table(s) for s in seqs])
         tokens = self.runner.run(seqs, lens, self.cache)
         self.scheduler.postprocess(seqs, lens, tokens)
@@ -122,6 +123,11 @@ class LLMEngine:
     @property
     def num_used_blocks(self) -> int:
         return self.block_manager.num_used_blocks
+
+    @property
+    def num_table_blocks(self) -> int:
+        """Blocks the running sequences would hold with nothing shared: their block tables' lengths, summed."""
+        return sum(len(self.block_manager.table(s)) for s in self.scheduler.running)
 
     def kv_bytes_reserved(self) -> int:
         return self.num_used_blocks * self.block_size * self._per_token

@@ -40,6 +40,14 @@ class PagedKVCache:
     def bytes_per_block(self) -> int:
         return self.block_size * self.config.kv_bytes_per_token(self.k.element_size())
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: block ``destination`` gets ``source``'s keys and values in every layer, pair by pair in
+        the order the block manager recorded them: a sample forked from a block copied earlier in the same step
+        copies the copy, and a block freed and handed out again is read before it is overwritten."""
+        for src, dst in pairs:
+            self.k[:, dst] = self.k[:, src]
+            self.v[:, dst] = self.v[:, src]
+
     def prepare(self, seqs: list[Sequence], query_lens: list[int], tables: list[list[int]]) -> None:
         """Describe the next step: seq s writes query_lens[s] tokens after its cached ones, into the blocks of
         its block table ``tables[s]``."""

@@ -62,17 +62,25 @@ class Scheduler:
         # preempted again.
         while self.waiting and not self.num_preempted and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            prefix = self.prefix_cache.lookup(seq) if self.prefix_cache is not None else []
-            n = min(len(seq) - len(prefix) * bm.block_size, budget)
-            if n < len(seq) - len(prefix) * bm.block_size and not self.chunked_prefill:
+            scores = seq.params.prompt_logprobs is not None  # it needs every prompt row computed: nothing shared
+            shared, forked = bm.fork_source(seq) if not scores else ([], 0)  # a sibling sample's prompt blocks
+            if not forked and not scores and any(s in self.running and s.num_cached_tokens < s.num_prompt_tokens
+                                                 for s in seq.group):
+                break  # a sibling is computing the prompt: wait a step or a few, then share it (a fork)
+            prefix = self.prefix_cache.lookup(seq) if self.prefix_cache is not None and not scores else []
+            hits, cached = len(prefix), len(prefix) * bm.block_size
+            if forked > cached:
+                prefix, cached = shared, forked
+            n = min(len(seq) - cached, budget)
+            if n < len(seq) - cached and not self.chunked_prefill:
                 break
-            reserve = self.longest(seq) - len(prefix) * bm.block_size if not self.preemption else n
-            if not bm.can_allocate(reserve, prefix):
+            reserve = self.longest(seq) - cached if not self.preemption else n
+            if not bm.can_allocate(reserve, prefix, cached):
                 break
             self.waiting.popleft()
-            bm.allocate(seq, prefix)
+            bm.allocate(seq, prefix, cached)
             if self.prefix_cache is not None:
-                self.prefix_cache.record(seq, len(prefix))
+                self.prefix_cache.record(seq, hits)
             bm.append_slots(seq, reserve)  # without preemption: every block it can ever need, now
             seq.status = SequenceStatus.RUNNING
             seq.metrics.first_scheduled_time = seq.metrics.first_scheduled_time or time.perf_counter()

@@ -62,4 +62,23 @@ def run_demo(llm: LLM, max_tokens: int = 96, console: Console | None = None) -> 
     wall = max(r["e2e"] for r in rows)
     console.print(f"TTFT p50 {percentile([r['ttft'] for r in rows], 50):.2f} s; "
                   f"{total} tokens in {wall:.1f} s = {total / wall:.1f} output tokens/s across the batch")
+    three_ways(llm, prompts[0], QUESTIONS[0], max_tokens, console)
     return rows
+
+
+def three_ways(llm: LLM, prompt: str, question: str, max_tokens: int, console: Console) -> None:
+    """One question answered greedily (a small model often loops), with vLLM's repetition penalty, and sampled
+    three times (n=3: the samples share the prompt's KV blocks, each with its own seed)."""
+    ways = [("greedy", SamplingParams(temperature=0, max_tokens=max_tokens)),
+            ("greedy, repetition_penalty=1.3", SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                              repetition_penalty=1.3)),
+            ("sampled, n=3, temperature=0.8, seed=0", SamplingParams(temperature=0.8, seed=0, n=3,
+                                                                    max_tokens=max_tokens))]
+    outputs = llm.generate([prompt] * len(ways), [p for _, p in ways])
+    table = Table(title=f"one question three ways: {question}")
+    table.add_column("sampling", no_wrap=True)
+    table.add_column("answer")
+    for (name, _), out in zip(ways, outputs):
+        for c in out.outputs:
+            table.add_row(name + (f" #{c.index}" if len(out.outputs) > 1 else ""), c.text.strip())
+    console.print(table)

@@ -21,7 +21,8 @@ import traceback
 from common.engine import StepResult
 from common.llm import LLM as FrontEnd
 from common.sequence import Sequence
-from common.validate import check_int
+from common.sampling import SamplingParams
+from common.validate import InvalidParam, check_int
 from stages import kernels, paged_kv as paged
 
 from .loop import EngineLoop
@@ -76,16 +77,25 @@ class LLM(EngineLoop, FrontEnd):
     # ---- the caller's side (any thread) ---------------------------------------------------
     def add_request(self, prompt, params=None, loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         """Validate and enqueue a request; raise ValueError (bad input) or QueueFull (back off)."""
-        seq = self.make_sequence(prompt, params)
-        if self.num_waiting >= self.max_waiting:
+        params = SamplingParams.coerce(params)
+        if params.n != 1:
+            raise InvalidParam("n", f"a stream carries one sample (n={params.n}): call add_samples for n streams")
+        return self.add_samples(prompt, params, loop)[0]
+
+    def add_samples(self, prompt, params=None, loop: asyncio.AbstractEventLoop | None = None) -> list[RequestStream]:
+        """A request's n samples (SamplingParams.n), one stream each: they share the prompt's KV blocks."""
+        group = self.make_samples(prompt, params)
+        if self.num_waiting + len(group) > self.max_waiting:
             raise QueueFull(f"{self.max_waiting} requests are already waiting; retry shortly")
-        stream = RequestStream(f"req-{next(_request_ids)}", seq, self.next_chunk, loop=loop,
-                               async_chunks=asyncio.Queue() if loop is not None else None, outbox=self._outbox)
-        self._inbox.put(("add", stream))
+        streams = [RequestStream(f"req-{next(_request_ids)}", seq, self.next_chunk, loop=loop,
+                                 async_chunks=asyncio.Queue() if loop is not None else None, outbox=self._outbox)
+                   for seq in group]
+        for stream in streams:
+            self._inbox.put(("add", stream))
         self._wakeup.set()
         if loop is not None and not self.looping:  # an async reader cannot step the engine itself
             self.start_background_loop()
-        return stream
+        return streams
 
     def stream(self, prompt, params=None):
         """Yield a `StreamChunk` per step that produced new text; stop reading to abort the request."""

@@ -26,7 +26,7 @@ from ..engine import LLM, QueueFull, RequestStream
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers, internal_error, log
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
-from .responses import ClosingStream, choice, ended_early, sse
+from .responses import ClosingStream, choice, ended_early, joined, logprobs_object, sse
 from .drain import Drain
 
 
@@ -52,20 +52,45 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
                            "model", code="model_not_found")
         return req
 
-    async def submit(ids: list[int], params) -> RequestStream:
+    async def submit(ids: list[int], params) -> list[RequestStream]:
+        """The request's streams: one per sample (n). An engine without `submit_samples` (the cluster) gets the n
+        samples as requests of their own, sample i with seed + i: the same tokens, without shared blocks."""
         if drain.closing:
             raise APIError(503, "the server is shutting down", kind="server_overloaded")
+        streams: list[RequestStream] = []
         try:
-            stream = await engine.submit(ids, params)
-        except QueueFull as e:
-            raise APIError(503, str(e), kind="server_overloaded") from None
-        except ValueError as e:
+            if params.n == 1 or not hasattr(engine, "submit_samples"):
+                for i in range(params.n):
+                    streams.append(await engine.submit(ids, params.for_sample(i) if params.n > 1 else params))
+            else:
+                streams = await engine.submit_samples(ids, params)
+        except (QueueFull, ValueError) as e:
+            for stream in streams:  # the samples already submitted go too
+                engine.abort(stream.request_id)
+            if isinstance(e, QueueFull):
+                raise APIError(503, str(e), kind="server_overloaded") from None
             raise APIError(400, str(e).replace("SamplingParams.", ""), getattr(e, "param", None)) from None
-        drain.active.add(stream.request_id)
-        return stream
+        drain.active.update(stream.request_id for stream in streams)
+        return streams
+
+    def logprobs_of(stream: RequestStream, start: int, count: int, chat: bool, offset: int = 0) -> dict | None:
+        """The log-probabilities of the stream's output tokens [start, start + count), when it asked for them."""
+        seq = stream.seq
+        if seq.params.logprobs is None:
+            return None
+        return logprobs_object(engine.tokenizer, seq.output_token_ids[start:start + count],
+                               seq.logprobs[start:start + count], chat, offset)
 
     async def respond(request: Request, req, ids: list[int], chat: bool):
-        stream = await submit(ids, sampling_params(req, chat, len(ids), engine.max_model_len))
+        params = sampling_params(req, chat, len(ids), engine.max_model_len)
+        if params.logprobs is not None and not isinstance(engine, LocalEngine):
+            raise APIError(400, "logprobs are served by a single engine, not through the cluster's gateway",
+                           "top_logprobs" if chat else "logprobs")
+        streams = await submit(ids, params)
+        stream = streams[0]
+        echo, echo_lp = "", None  # completions' echo: the prompt's text (and log-probabilities) come first
+        if not chat and req.echo:
+            echo = req.prompt if isinstance(req.prompt, str) else engine.tokenizer.decode(ids)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": model_name}
@@ -77,45 +102,97 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
         headers = getattr(stream, "headers", {})  # the cluster names the replica that serves the request
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            return ClosingStream(events(stream, head | {"object": head["object"] + ".chunk" * chat}, chat,
-                                        usage if include_usage else None), on_close=lambda: finish(stream),
-                                 headers=headers)
-        chunks = await collect(request, stream)
-        if chunks is None:  # the client went away; nobody reads this
+            return ClosingStream(events(streams, head | {"object": head["object"] + ".chunk" * chat}, chat,
+                                        usage if include_usage else None, echo, ids),
+                                 on_close=lambda: [finish(s) for s in streams], headers=headers)
+        per_sample = await collect(request, streams)
+        if per_sample is None:  # the client went away; nobody reads this
             return Response(status_code=499)
-        last, text, tokens = chunks[-1], "".join(c.text for c in chunks), sum(len(c.token_ids) for c in chunks)
-        if last.finish_reason in ("abort", "error"):
-            raise ended_early(last)
-        c = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-              "finish_reason": last.finish_reason} if chat else choice(chat, text, last.finish_reason))
-        return JSONResponse(head | {"choices": [c], "usage": usage(tokens)}, headers=headers)
+        choices = []
+        for i, chunks in enumerate(per_sample):
+            last, text = chunks[-1], "".join(c.text for c in chunks)
+            if last.finish_reason in ("abort", "error"):
+                raise ended_early(last)
+            if echo:
+                echo_lp = prompt_logprobs_of(streams[i], ids)
+            lp = logprobs_of(streams[i], 0, sum(len(c.token_ids) for c in chunks), chat,
+                             echo_lp["text_offset"][-1] + len(echo_lp["tokens"][-1]) if echo_lp else 0)
+            choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                            "finish_reason": last.finish_reason} if chat else choice(chat, echo + text,
+                                                                                      last.finish_reason, index=i,
+                                                                                      logprobs=joined(echo_lp, lp)))
+        tokens = sum(len(c.token_ids) for chunks in per_sample for c in chunks)
+        return JSONResponse(head | {"choices": choices, "usage": usage(tokens)}, headers=headers)
 
-    async def events(stream: RequestStream, head: dict, chat: bool, usage):
-        first, tokens = True, 0
+    def prompt_logprobs_of(stream: RequestStream, ids: list[int]) -> dict | None:
+        seq = stream.seq
+        if seq.params.prompt_logprobs is None:
+            return None
+        return logprobs_object(engine.tokenizer, ids, seq.prompt_logprobs, False)
+
+    async def events(streams: list[RequestStream], head: dict, chat: bool, usage, echo: str = "",
+                     ids: list[int] | None = None):
+        """The samples' chunks as they come, each choice with its index; usage rides on the last one to finish.
+        An echoed prompt (completions) is each choice's first chunk."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, stream: RequestStream):
+            try:
+                async for chunk in stream:
+                    await merged.put((i, chunk))
+            except Exception as e:  # noqa: BLE001 - handed to the writer, which reports it
+                await merged.put((i, e))
+            await merged.put((i, None))
+
+        pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+        first, tokens, left, finished = [True] * len(streams), 0, len(streams), 0
+        seen, offsets = [0] * len(streams), [0] * len(streams)  # per sample: tokens and characters sent
         try:
-            async for chunk in stream:
+            while left:
+                i, chunk = await merged.get()
+                if chunk is None:
+                    left -= 1
+                    continue
+                if isinstance(chunk, Exception):
+                    raise chunk
                 tokens += len(chunk.token_ids)
                 if chunk.finish_reason in ("abort", "error"):
                     yield sse(ended_early(chunk).body())
                     break
-                if chunk.text or chunk.finish_reason or first:
-                    data = head | {"choices": [choice(chat, chunk.text, chunk.finish_reason, first)]}
-                    if chunk.finish_reason and usage is not None:
+                if echo and first[i]:
+                    echo_lp = prompt_logprobs_of(streams[i], ids)
+                    yield sse(head | {"choices": [choice(chat, echo, None, index=i, logprobs=echo_lp)]})
+                    if echo_lp:
+                        offsets[i] = echo_lp["text_offset"][-1] + len(echo_lp["tokens"][-1])
+                lp = logprobs_of(streams[i], seen[i], len(chunk.token_ids), chat, offsets[i]) \
+                    if chunk.token_ids else None
+                seen[i] += len(chunk.token_ids)
+                if lp and not chat:  # the legacy text_offset counts the tokens' own texts, as unstreamed
+                    offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                if chunk.text or chunk.finish_reason or first[i] or lp:
+                    data = head | {"choices": [choice(chat, chunk.text, chunk.finish_reason, first[i], index=i,
+                                                      logprobs=lp)]}
+                    finished += bool(chunk.finish_reason)
+                    if finished == len(streams) and chunk.finish_reason and usage is not None:
                         data["usage"] = usage(tokens)
                     yield sse(data)
-                    first = False
+                    first[i] = False
         except Exception as e:  # noqa: BLE001 - never cut a stream: say what happened, then end it
             log.exception("stream failed")
             yield sse(internal_error(e).body())
+        finally:
+            for p in pumps:
+                p.cancel()
         yield "data: [DONE]\n\n"
 
-    async def collect(request: Request, stream: RequestStream):
-        """A non-streaming request's chunks; None if its client disconnected first (the request is aborted)."""
-        chunks = []
+    async def collect(request: Request, streams: list[RequestStream]):
+        """A non-streaming request's chunks, per sample; None if its client disconnected first (it is aborted)."""
+        chunks: list[list] = [[] for _ in streams]
 
         async def read_all():
-            async for chunk in stream:
-                chunks.append(chunk)
+            for i, stream in enumerate(streams):  # the others' chunks wait in their queues meanwhile
+                async for chunk in stream:
+                    chunks[i].append(chunk)
 
         reader, gone = asyncio.ensure_future(read_all()), asyncio.ensure_future(disconnected(request))
         try:
@@ -123,7 +200,8 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
         finally:
             gone.cancel()
             reader.cancel()  # a no-op when it finished
-            finish(stream)
+            for stream in streams:
+                finish(stream)
         if not reader.done() or reader.cancelled():
             return None
         reader.result()  # raises what the reader raised

@@ -1,7 +1,8 @@
 """What the server needs from an engine, and the engine in this process that provides it.
 
 `create_app` talks to an engine through five things: `submit` a request (its `RequestStream`,
-or `QueueFull`/`ValueError`), `abort` one, `health`, `metrics`, and the `tokenizer` with the
+or `QueueFull`/`ValueError`; `submit_samples` for n samples, where an engine has it),
+`abort` one, `health`, `metrics`, and the `tokenizer` with the
 context length (`max_model_len`) that requests are checked against. `LocalEngine` gives them
 for a stage-05 `LLM` in this process; the cluster's gateway gives them for engine replicas
 on Ray Serve (`gateway.RemoteEngine`), so both serve the same API with the same checks.
@@ -20,6 +21,10 @@ class LocalEngine:
 
     async def submit(self, prompt_ids: list[int], params) -> RequestStream:
         return self.llm.add_request(prompt_ids, params, loop=asyncio.get_running_loop())
+
+    async def submit_samples(self, prompt_ids: list[int], params) -> list[RequestStream]:
+        """A request's n samples (params.n), a stream each, sharing the prompt's KV blocks."""
+        return self.llm.add_samples(prompt_ids, params, loop=asyncio.get_running_loop())
 
     def abort(self, request_id: str) -> None:
         self.llm.abort(request_id)

@@ -4,7 +4,8 @@
 JSON syntax, nesting depth and Unicode first, then the pydantic model (strict types,
 no unknown fields: a typo is an error, not a silently ignored field), then the value
 ranges, which are `SamplingParams`'s own checks. OpenAI fields this server does not
-implement are refused by name unless they carry their "off" value.
+implement are refused by name unless they carry their "off" value. ``n`` samples share the
+prompt's KV blocks (stage 03's forks); the penalties and constraints are vLLM's.
 """
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from .errors import APIError
 
 MAX_DEPTH = 16  # the deepest valid body is 5 levels (messages -> message -> content -> part -> text)
 # OpenAI fields that are not implemented, each with the values that mean "off" (those are accepted).
-UNSUPPORTED = {"logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
-               "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "tools": ([],),
-               "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+UNSUPPORTED = {"best_of": (1,), "suffix": ("",),
+               "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
                "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],), "prediction": (),
-               "reasoning_effort": (), "web_search_options": (), "min_tokens": (0,), "repetition_penalty": (1, 1.0)}
+               "reasoning_effort": (), "web_search_options": ()}
+MAX_N = 128  # OpenAI's limit on n: each sample is a sequence of its own in the engine
+PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
+             "allowed_token_ids")  # passed to SamplingParams as they are (logit_bias: its keys become ids)
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}  # no effect on the output
 
 
@@ -47,6 +50,13 @@ class SamplingFields(Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
 
@@ -60,6 +70,8 @@ class SamplingFields(Strict):
 
 class CompletionRequest(SamplingFields):
     prompt: Any
+    logprobs: int | None = None  # the legacy API's: how many most likely tokens to list with each token
+    echo: bool | None = None  # the prompt comes back before the completion (with logprobs: the prompt's too)
 
     @field_validator("prompt")
     @classmethod
@@ -96,6 +108,8 @@ class ChatMessage(Strict):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 def parse_request(raw: bytes, model: type[Strict]) -> Strict:
@@ -113,8 +127,8 @@ def parse_request(raw: bytes, model: type[Strict]) -> Strict:
         request = model.model_validate(body)
     except ValidationError as e:
         raise from_validation_error(e) from None
-    if request.n not in (None, 1):
-        raise APIError(400, "n: only n=1 is supported (send one request per completion)", "n")
+    if request.n is not None and not 1 <= request.n <= MAX_N:
+        raise APIError(400, f"n={request.n} is invalid: must be an integer in [1, {MAX_N}]", "n")
     if request.stream_options is not None and not request.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
     return request
@@ -129,12 +143,25 @@ def sampling_params(req: SamplingFields, chat: bool, prompt_len: int, max_model_
     name = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
     requested = getattr(req, name)
     kwargs = {f: getattr(req, f) for f in ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-                                           "ignore_eos") if getattr(req, f) is not None}
+                                           "ignore_eos", "n", *PENALTIES) if getattr(req, f) is not None}
+    if chat and req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
+    if chat and req.logprobs:
+        kwargs["logprobs"] = 0 if req.top_logprobs is None else req.top_logprobs
+    elif not chat and req.logprobs is not None:
+        kwargs["logprobs"] = req.logprobs
+        if req.echo:  # a text's log-likelihood: every prompt token's log-probability, scored as vLLM does
+            kwargs["prompt_logprobs"] = req.logprobs
+    if req.logit_bias is not None:  # JSON keys are strings: OpenAI's token ids in decimal
+        if not all(k.isascii() and k.isdigit() and len(k) < 10 for k in req.logit_bias):
+            raise APIError(400, "logit_bias: every key must be a token id written in decimal, like \"50256\"",
+                           "logit_bias")
+        kwargs["logit_bias"] = {int(k): v for k, v in req.logit_bias.items()}
     try:
         params = SamplingParams(max_tokens=min(256 if chat else 16, room) if requested is None else requested,
                                 **kwargs)
     except InvalidParam as e:
-        param = name if e.param == "max_tokens" else e.param
+        param = name if e.param == "max_tokens" else "top_logprobs" if e.param == "logprobs" and chat else e.param
         raise APIError(400, str(e).replace("SamplingParams.max_tokens", param).replace("SamplingParams.", ""),
                        param) from None
     if requested is not None and requested > room:

@@ -8,11 +8,40 @@ from fastapi.responses import StreamingResponse
 from .errors import APIError
 
 
-def choice(chat: bool, text: str, finish: str | None, first: bool = False) -> dict:
+def choice(chat: bool, text: str, finish: str | None, first: bool = False, index: int = 0,
+           logprobs: dict | None = None) -> dict:
     if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def logprobs_object(tokenizer, ids: list[int], entries: list, chat: bool, text_offset: int = 0) -> dict:
+    """OpenAI's shapes for tokens ``ids`` and their (log-probability, top [(id, log-probability)]) entries: chat's
+    ``{"content": [{token, logprob, bytes, top_logprobs}]}``, the legacy completions' parallel lists. A token's
+    text is its own decoding (a piece of a character decodes to U+FFFD; ``bytes`` are that text's)."""
+    def text(t: int) -> str:
+        return tokenizer.decode([t], skip_special_tokens=False)
+
+    if chat:
+        return {"content": [{"token": text(t), "logprob": lp, "bytes": list(text(t).encode()),
+                             "top_logprobs": [{"token": text(i), "logprob": v, "bytes": list(text(i).encode())}
+                                              for i, v in top]} for t, (lp, top) in zip(ids, entries)]}
+    offsets, at = [], text_offset
+    for t in ids:
+        offsets.append(at)
+        at += len(text(t))
+    # An echoed prompt's first token has no log-probability: None, as in OpenAI's answer.
+    return {"tokens": [text(t) for t in ids], "token_logprobs": [None if e is None else e[0] for e in entries],
+            "top_logprobs": [None if e is None else {text(i): v for i, v in e[1]} for e in entries],
+            "text_offset": offsets}
+
+
+def joined(a: dict | None, b: dict | None) -> dict | None:
+    """Two legacy logprobs objects one after the other (an echoed prompt's, then the completion's)."""
+    if a is None or b is None:
+        return a or b
+    return {k: a[k] + b[k] for k in a}
 
 
 class ClosingStream(StreamingResponse):
