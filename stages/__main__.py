@@ -2,10 +2,15 @@
 walkthrough (stages/tour.py)."""
 import sys
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["tour"]:
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["tour"]:
         from stages.tour import main as tour
-        tour(sys.argv[2:])
-    else:
-        from stages.bench.ladder import main
-        main()
+        return tour(argv[1:])
+    from stages.bench.ladder import main as ladder
+    return ladder(argv)
+
+
+if __name__ == "__main__":
+    main()
