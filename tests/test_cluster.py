@@ -148,7 +148,7 @@ BAD = [  # (path, body, headers): each must get the single-process server's answ
     ("/v1/completions", {"model": REAL, "prompt": [5, 10**6]}, {}),  # checked in the replica: its vocabulary
     ("/v1/completions", {"model": REAL, "prompt": "hi", "stop_token_ids": [70000]}, {}),  # in the replica too
     ("/v1/completions", {"model": REAL, "prompt": "hi", "temperature": -1}, {}),
-    ("/v1/completions", {"model": REAL, "prompt": "hi", "logprobs": 3}, {}),
+    ("/v1/completions", {"model": REAL, "prompt": "hi", "best_of": 2}, {}),  # refused by name in both
     ("/v1/completions", {"model": REAL, "prompt": "hi", "max_token": 3}, {}),
     ("/v1/completions", {"model": REAL, "prompt": "x" * 2_000_000}, {}),
     ("/v1/completions", b'{"prompt": "hi"}', {"Content-Type": "text/plain"}),

@@ -75,8 +75,8 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
 
     def logprobs_of(stream: RequestStream, start: int, count: int, chat: bool, offset: int = 0) -> dict | None:
         """The log-probabilities of the stream's output tokens [start, start + count), when it asked for them."""
-        seq = stream.seq
-        if seq.params.logprobs is None:
+        seq = getattr(stream, "seq", None)  # a cluster's RemoteStream has none: the gateway serves no logprobs
+        if seq is None or seq.params.logprobs is None:
             return None
         return logprobs_object(engine.tokenizer, seq.output_token_ids[start:start + count],
                                seq.logprobs[start:start + count], chat, offset)
@@ -125,8 +125,8 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
         return JSONResponse(head | {"choices": choices, "usage": usage(tokens)}, headers=headers)
 
     def prompt_logprobs_of(stream: RequestStream, ids: list[int]) -> dict | None:
-        seq = stream.seq
-        if seq.params.prompt_logprobs is None:
+        seq = getattr(stream, "seq", None)
+        if seq is None or seq.params.prompt_logprobs is None:
             return None
         return logprobs_object(engine.tokenizer, ids, seq.prompt_logprobs, False)
 
