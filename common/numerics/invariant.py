@@ -57,8 +57,9 @@ def uses_packed_bf16(device: torch.device, dtype: torch.dtype) -> bool:
 
 def widens_bf16(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a bfloat16 linear on ``device`` computes in float32 instead: on a CPU without AVX-512 (AVX2 only)
-    torch's bfloat16 matmul takes a scalar path about 100x slower than float32's, while float32 products of
-    bfloat16 values are exact, so widening the weights once and rounding each output once costs only memory."""
+    torch's bfloat16 matmul takes a scalar path far slower than float32's (docs/measuring.md), while float32
+    products of bfloat16 values are exact, so widening the weights once and rounding each output once costs
+    only memory."""
     return device.type == "cpu" and dtype == torch.bfloat16 and not uses_packed_bf16(device, dtype)
 
 
