@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from stages.lab import LABS, grade, markers, rubric
-from stages.lab.grade import ROOT
+from stages.lab.grade import ROOT, grade_task
 
 pytest.importorskip("triton")
 
@@ -47,8 +47,12 @@ def test_stub_and_splice_round_trip():
         stubbed = markers.stub(solution, lab)
         assert markers.tasks_in(stubbed) == tasks  # the markers stay for the learner
         for task in tasks:
-            assert all(b.strip() == f'raise NotImplementedError("lab {task}: {r.title}")'
-                       for b, r in zip(markers.bodies(stubbed, task), markers.regions(stubbed)) if r.task == task)
+            mine = [r for r in markers.regions(stubbed) if r.task == task]
+            for b, r, s in zip(markers.bodies(stubbed, task), mine, markers.bodies(solution, task)):
+                raises = f'raise NotImplementedError("lab {task}: {r.title}")'
+                # a generator's stub stays a generator (an unreachable yield), so it raises where it is read
+                assert [line.split("#")[0].strip() for line in b.splitlines()] == (
+                    [raises, "yield"] if re.search(r"^\s*(.*= )?yield\b", s, re.M) else [raises])
             assert markers.splice(solution, solution, task) == solution
             assert markers.splice(stubbed, solution, task) != stubbed
         compile(stubbed, path, "exec")  # a stub is valid Python
@@ -99,17 +103,23 @@ def test_command_line_start_check_hint_diff_reset(tmp_path):
     sheet = (tmp_path / "05" / "TASKS.md").read_text()
     assert "stages/05_streaming/README.md#what-the-code-does" in sheet and "python -m stages.lab check 05" in sheet
     assert "## 05.1: the incremental detokenizer" in sheet and "## 05.2: hold back a possible stop string" in sheet
+    assert "## 05.3: the SSE chunk events" in sheet and "/05/server/events.py`" in sheet
     mine = tmp_path / "05" / "common" / "tokenizer.py"
     assert 'raise NotImplementedError("lab 05.1: the incremental detokenizer")' in mine.read_text()
+    events = tmp_path / "05" / "server" / "events.py"
+    assert 'raise NotImplementedError("lab 05.3: the SSE chunk events")' in events.read_text()
     assert (tmp_path / "05" / "engine.py").read_text() == (ROOT / "stages/05_streaming/engine.py").read_text()
+    assert (tmp_path / "05/server/app.py").read_text() == (ROOT / "stages/05_streaming/server/app.py").read_text()
     assert lab_command(tmp_path, "start", "05").returncode == 1  # never overwrites answers
     out = lab_command(tmp_path, "check", "05")
-    assert out.returncode == 1 and "0 of 2 tasks pass" in out.stdout, out.stdout + out.stderr
-    mine.write_text((ROOT / "common/tokenizer.py").read_text())  # the learner solves 05.1
+    assert out.returncode == 1 and "0 of 3 tasks pass" in out.stdout, out.stdout + out.stderr
+    mine.write_text((ROOT / "common/tokenizer.py").read_text())  # the learner solves 05.1 and 05.3
+    events.write_text((ROOT / "stages/05_streaming/server/events.py").read_text())
     out = lab_command(tmp_path, "check", "05")
-    assert out.returncode == 1 and "1 of 2 tasks pass" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 1 and "2 of 3 tasks pass" in out.stdout, out.stdout + out.stderr
     assert re.search(r"05\.1 the incremental detokenizer +pass", out.stdout)
     assert re.search(r"05\.2 hold back a possible stop string +FAIL", out.stdout)
+    assert re.search(r"05\.3 the SSE chunk events +pass", out.stdout)
     assert "hold back" in lab_command(tmp_path, "hint", "05", "2").stdout.lower()
     assert "lab 05.2" in lab_command(tmp_path, "diff", "05").stdout
     assert "return max(0, len(seq.output_text)" in lab_command(tmp_path, "solution", "05").stdout
@@ -117,3 +127,29 @@ def test_command_line_start_check_hint_diff_reset(tmp_path):
     assert "NotImplementedError" in mine.read_text()
     listed = lab_command(tmp_path, "list").stdout
     assert all(t.id in listed for lab in LABS.values() for t in lab.tasks)
+
+
+SSE_EVENTS = "stages/05_streaming/server/events.py"
+
+
+@pytest.mark.parametrize("wrong, right, says", [
+    ('        yield "data: [DONE]\\n\\n"\n        if include_usage and not failed:',
+     "        if include_usage and not failed:",
+     r"event 11 of 13 \(data: '\[DONE\]'\): \[DONE\] here, but 2 event\(s\) follow it"),
+    ("            pass", '            yield sse(head | {"choices": [], "usage": usage(prompt_tokens, tokens)})',
+     "include_usage asks for a usage chunk .*none came"),
+    ("        pass", "        yield sse(internal_error(e).body())", "no error event came before \\[DONE\\]"),
+    ("            tokens += 0", "            tokens += len(chunk.token_ids)",
+     r"usage \{'prompt_tokens': 4, 'completion_tokens': 0, 'total_tokens': 4\}; expected \{'prompt_tokens': 4, "
+     r"'completion_tokens': 12, 'total_tokens': 16\}"),
+], ids=["DONE before the usage chunk", "usage omitted", "no error event", "usage counts no token"])
+def test_wrong_sse_events_fail_05_3_naming_the_event(wrong, right, says):
+    """More wrong answers than the planted one: each fails 05.3, its rubric line saying which event is wrong and
+    what was expected there (the request, the event, the reference's usage)."""
+    solution = (ROOT / SSE_EVENTS).read_text(encoding="utf-8")
+    body = markers.bodies(solution, "05.3")[0]
+    assert right in body
+    lab = LABS["05"]
+    result = grade_task(lab, lab.tasks[2], markers.replace(solution, "05.3", [body.replace(right, wrong, 1)]))
+    assert not result.passed and re.search(says, result.detail), result.detail
+    assert "NotImplementedError" not in result.detail

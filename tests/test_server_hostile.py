@@ -13,6 +13,7 @@ from workloads import Server, wait_until
 
 streaming = importlib.import_module("stages.05_streaming")
 server_module = importlib.import_module("stages.05_streaming.server.app")
+events_module = importlib.import_module("stages.05_streaming.server.events")
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 BASE = {"model": "tiny", "prompt": "Hi", "max_tokens": 4}
 MSG = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -175,7 +176,8 @@ def boom(*args, **kwargs):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_unexpected_exception_is_a_well_formed_error(server, expected, monkeypatch, stream):
-    monkeypatch.setattr(server_module, "choice", boom)
+    monkeypatch.setattr(server_module, "choice", boom)  # the answer's choices
+    monkeypatch.setattr(events_module, "choice", boom)  # the stream's
     r = http.post(server.url + C, json=body(stream=stream, max_tokens=8, ignore_eos=True), timeout=30)
     if stream:
         events = [line for line in r.text.splitlines() if line]

@@ -174,5 +174,47 @@ LABS = {lab.number: lab for lab in [
               "    return len(seq.output_text)\n"
               "return len(seq.output_text) if not any(s in seq.output_text for s in seq.params.stop) else 0\n",),
              "matches a stop string only within the text already there, holding nothing back across chunks"),
+        Task("05.3", "the SSE chunk events", f"{S05}/server/events.py",
+             "chunk_events: write a streaming request's chunks, as they come from its n samples, as server-sent "
+             "events, each `data: <json>` and a blank line. A chunk object per chunk that has text, a finish "
+             "reason or logprobs (and a choice's first chunk, which in chat says role 'assistant'): `head` with "
+             "one choice (`choice(...)`); a chunk stopped by the engine (finish_reason 'abort' or 'error') becomes "
+             "the error event (`ended_early(chunk).body()`) and ends the choices. With `include_usage`, one more "
+             "chunk with choices [] and the whole request's usage (every sample's tokens); if reading the chunks "
+             "raises, the error event `internal_error(e).body()`. And always `data: [DONE]` last, once. The check "
+             "runs your code behind stage 05's real app on loopback (the tiny model), reads the raw bytes, and "
+             "compares them with the reference's tokens decoded and with OpenAI's chunk format.",
+             "OpenAI's streaming format: tokens are sent as data-only server-sent events as they become available, "
+             "with the stream terminated by a `data: [DONE]` message; with stream_options include_usage, an "
+             "additional chunk is streamed before the data: [DONE] message, whose usage field shows the token usage "
+             "statistics for the entire request and whose choices field is always an empty array (OpenAI API "
+             "reference, paraphrased).",
+             "`sse(data)` writes one event (its `\\n\\n` ends it). Count every chunk's token_ids for the usage, also "
+             "those of chunks you do not send (their text is held back). Put the loop in try/except Exception so "
+             "that a failing stream still ends with an error event and [DONE]; remember which choices have had "
+             "their first event.",
+             ("import json\n"
+              "announced: set[int] = set()\n"
+              "tokens, failed = 0, False\n"
+              "try:\n"
+              "    async for i, chunk, logprobs in chunks:\n"
+              "        tokens += len(chunk.token_ids)\n"
+              "        if chunk.finish_reason in (\"abort\", \"error\"):\n"
+              "            yield f\"data: {json.dumps(ended_early(chunk).body())}\\n\"\n"
+              "            failed = True\n"
+              "            break\n"
+              "        first = i not in announced\n"
+              "        if chunk.text or chunk.finish_reason or first or logprobs:\n"
+              "            data = head | {\"choices\": [choice(chat, chunk.text, chunk.finish_reason, first, i, "
+              "logprobs)]}\n"
+              "            yield f\"data: {json.dumps(data)}\\n\"\n"
+              "            announced.add(i)\n"
+              "    if include_usage and not failed:\n"
+              "        data = head | {\"choices\": [], \"usage\": usage(prompt_tokens, tokens)}\n"
+              "        yield f\"data: {json.dumps(data)}\\n\"\n"
+              "except Exception as e:\n"
+              "    yield f\"data: {json.dumps(internal_error(e).body())}\\n\"\n"
+              "yield \"data: [DONE]\\n\\n\"\n",),
+             "ends each chunk event with one newline, not the blank line that ends a server-sent event"),
     )),
 ]}

@@ -1,4 +1,5 @@
-"""The graders of stages 01-03: each task's property against the one-request-at-a-time reference.
+"""The graders of stages 01-03 (each task's property against the one-request-at-a-time reference), and
+``CHECKS``, every task's grader.
 
 A check gets a ``Variant`` (the stage's source with the learner's body of that task spliced in) and raises on the
 first thing wrong, saying which request, what the reference produced and what the learner's stage did. Each one
@@ -15,6 +16,7 @@ from hypothesis import given, strategies as st
 from common import ReferenceLLM, SamplingParams
 from common.tools.workloads import TOY_LENGTHS, toy
 
+from .checks_server import check_05_3
 from .checks_text import check_04_1, check_05_1, check_05_2
 from .examples import hypothesis
 
@@ -222,4 +224,5 @@ def check_03_4(v) -> None:
 
 
 CHECKS = {"01.1": check_01_1, "02.1": check_02_1, "03.1": paging, "03.2": paging, "03.3": paging,
-          "03.4": check_03_4, "03.5": paging, "04.1": check_04_1, "05.1": check_05_1, "05.2": check_05_2}
+          "03.4": check_03_4, "03.5": paging, "04.1": check_04_1, "05.1": check_05_1, "05.2": check_05_2,
+          "05.3": check_05_3}

@@ -41,9 +41,11 @@ class Variant:
     """The stage's real source with one file replaced, importable as a package of its own."""
 
     def __init__(self, lab: Lab, repo_path: str, source: str, folder: Path):
-        for f in (ROOT / "stages" / lab.stage).iterdir():
-            if f.suffix in (".py", ".cpp"):
-                shutil.copy(f, folder / f.name)
+        stage = ROOT / "stages" / lab.stage
+        for f in stage.rglob("*"):  # its subpackages too (stage 05's server)
+            if f.suffix in (".py", ".cpp") and "__pycache__" not in f.parts:
+                (folder / f.relative_to(stage)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, folder / f.relative_to(stage))
         target = workspace_path(lab, folder.parent, repo_path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(source, encoding="utf-8")
@@ -53,7 +55,7 @@ class Variant:
         sys.modules[self.name] = package
 
     def module(self, path: str) -> types.ModuleType:
-        """A module of the copy: "engine", "block_manager", or "common/tokenizer" for a marked file outside."""
+        """A module of the copy: "engine", "server/app", or "common/tokenizer" for a marked file outside."""
         return importlib.import_module(f"{self.name}.{path.removesuffix('.py').replace('/', '.')}")
 
     def close(self) -> None:

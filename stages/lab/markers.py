@@ -9,7 +9,9 @@ replaced by a stub, and grading puts the learner's body back into the solution (
 """
 from __future__ import annotations
 
+import ast
 import re
+import textwrap
 from dataclasses import dataclass
 
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# lab (?P<task>\d\d\.\d+) begin: (?P<title>.+?)\s*$")
@@ -76,12 +78,34 @@ def indented(body: str, indent: str) -> str:
     return "".join(indent + line if line.strip() else line for line in body.splitlines(keepends=True))
 
 
+def yields(body: str) -> bool:
+    """Whether a marked body makes its function a generator (a ``yield`` of its own, not of a nested function)."""
+    tree = ast.parse("async def body():\n" + textwrap.indent(textwrap.dedent(body), "    ") + "    pass\n")
+    todo = list(tree.body[0].body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def stub_body(region: Region, solution_body: str) -> str:
+    """``raise NotImplementedError`` naming the task; where the solution's body yields, an unreachable ``yield``
+    keeps the stub a generator, so that it raises where the caller first reads from it (as the solution runs)."""
+    text = f'{region.indent}raise NotImplementedError("lab {region.task}: {region.title}")\n'
+    if yields(solution_body):
+        text += f"{region.indent}yield  # unreachable: this stays a generator, as the solution is\n"
+    return text
+
+
 def stub(source: str, lab: str, name: str = "<source>") -> str:
     """The learner's copy: every body of lab ``lab``'s tasks ("02") is a ``raise NotImplementedError`` naming it."""
     for task in tasks_in(source, name):
         if task.split(".")[0] == lab:
             mine = [r for r in regions(source, name) if r.task == task]
-            stubs = [f'{r.indent}raise NotImplementedError("lab {r.task}: {r.title}")\n' for r in mine]
+            stubs = [stub_body(r, b) for r, b in zip(mine, bodies(source, task, name))]
             source = replace(source, task, stubs, name)
     return source
 

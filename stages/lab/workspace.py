@@ -14,9 +14,13 @@ DEFAULT_WORKSPACE = ROOT / "labs"
 
 
 def learner_files(lab: Lab) -> dict[str, str]:
-    """Repository path -> the learner's starting text: every file of the stage, and the marked files outside it."""
+    """Repository path -> the learner's starting text: every file of the stage, the files of a subpackage that
+    holds a task (stage 05's server/), and the marked files outside the stage."""
     stage = ROOT / "stages" / lab.stage
-    paths = [str(p.relative_to(ROOT)) for p in sorted(stage.iterdir()) if p.suffix in (".py", ".md", ".cpp")]
+    folders = [stage] + sorted({(ROOT / f).parent for f in lab.files if (ROOT / f).parent.is_relative_to(stage)}
+                               - {stage})
+    paths = [str(p.relative_to(ROOT)) for folder in folders for p in sorted(folder.iterdir())
+             if p.suffix in (".py", ".md", ".cpp")]
     out = {}
     for path in dict.fromkeys(paths + lab.files):
         text = (ROOT / path).read_text(encoding="utf-8")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -22,11 +23,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from common.validate import clip
 
 from .backend import LocalEngine
-from ..engine import LLM, QueueFull, RequestStream
-from .errors import AnswerErrorsRoute, APIError, install_error_handlers, internal_error, log
+from ..engine import LLM, QueueFull, RequestStream, StreamChunk
+from .errors import AnswerErrorsRoute, APIError, install_error_handlers
+from .events import chunk_events, merged
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
-from .responses import ClosingStream, choice, ended_early, joined, logprobs_object, sse
+from .responses import ClosingStream, choice, ended_early, joined, logprobs_object, usage
 from .drain import Drain
 
 
@@ -95,15 +97,11 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": model_name}
 
-        def usage(completion_tokens: int) -> dict:
-            n = len(ids)
-            return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
-
         headers = getattr(stream, "headers", {})  # the cluster names the replica that serves the request
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
             return ClosingStream(events(streams, head | {"object": head["object"] + ".chunk" * chat}, chat,
-                                        usage if include_usage else None, echo, ids),
+                                        include_usage, echo, ids),
                                  on_close=lambda: [finish(s) for s in streams], headers=headers)
         per_sample = await collect(request, streams)
         if per_sample is None:  # the client went away; nobody reads this
@@ -122,7 +120,7 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
                                                                                       last.finish_reason, index=i,
                                                                                       logprobs=joined(echo_lp, lp)))
         tokens = sum(len(c.token_ids) for chunks in per_sample for c in chunks)
-        return JSONResponse(head | {"choices": choices, "usage": usage(tokens)}, headers=headers)
+        return JSONResponse(head | {"choices": choices, "usage": usage(len(ids), tokens)}, headers=headers)
 
     def prompt_logprobs_of(stream: RequestStream, ids: list[int]) -> dict | None:
         seq = getattr(stream, "seq", None)
@@ -130,38 +128,17 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
             return None
         return logprobs_object(engine.tokenizer, ids, seq.prompt_logprobs, False)
 
-    async def events(streams: list[RequestStream], head: dict, chat: bool, usage, echo: str = "",
-                     ids: list[int] | None = None):
-        """The samples' chunks as they come, each choice with its index; usage rides on the last one to finish.
-        An echoed prompt (completions) is each choice's first chunk."""
-        merged: asyncio.Queue = asyncio.Queue()
-
-        async def pump(i: int, stream: RequestStream):
-            try:
-                async for chunk in stream:
-                    await merged.put((i, chunk))
-            except Exception as e:  # noqa: BLE001 - handed to the writer, which reports it
-                await merged.put((i, e))
-            await merged.put((i, None))
-
-        pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-        first, tokens, left, finished = [True] * len(streams), 0, len(streams), 0
+    async def annotated(streams: list[RequestStream], chat: bool, echo: str, ids: list[int]):
+        """The samples' chunks as they come, each with its log-probabilities (when asked for); an echoed prompt
+        (completions) is each choice's first chunk."""
         seen, offsets = [0] * len(streams), [0] * len(streams)  # per sample: tokens and characters sent
-        try:
-            while left:
-                i, chunk = await merged.get()
-                if chunk is None:
-                    left -= 1
-                    continue
-                if isinstance(chunk, Exception):
-                    raise chunk
-                tokens += len(chunk.token_ids)
-                if chunk.finish_reason in ("abort", "error"):
-                    yield sse(ended_early(chunk).body())
-                    break
-                if echo and first[i]:
+        echoed: set[int] = set()
+        async with aclosing(merged(streams)) as chunks:
+            async for i, chunk in chunks:
+                if echo and i not in echoed and chunk.finish_reason not in ("abort", "error"):
+                    echoed.add(i)
                     echo_lp = prompt_logprobs_of(streams[i], ids)
-                    yield sse(head | {"choices": [choice(chat, echo, None, index=i, logprobs=echo_lp)]})
+                    yield i, StreamChunk(echo, []), echo_lp
                     if echo_lp:
                         offsets[i] = echo_lp["text_offset"][-1] + len(echo_lp["tokens"][-1])
                 lp = logprobs_of(streams[i], seen[i], len(chunk.token_ids), chat, offsets[i]) \
@@ -169,21 +146,13 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
                 seen[i] += len(chunk.token_ids)
                 if lp and not chat:  # the legacy text_offset counts the tokens' own texts, as unstreamed
                     offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
-                if chunk.text or chunk.finish_reason or first[i] or lp:
-                    data = head | {"choices": [choice(chat, chunk.text, chunk.finish_reason, first[i], index=i,
-                                                      logprobs=lp)]}
-                    finished += bool(chunk.finish_reason)
-                    if finished == len(streams) and chunk.finish_reason and usage is not None:
-                        data["usage"] = usage(tokens)
-                    yield sse(data)
-                    first[i] = False
-        except Exception as e:  # noqa: BLE001 - never cut a stream: say what happened, then end it
-            log.exception("stream failed")
-            yield sse(internal_error(e).body())
-        finally:
-            for p in pumps:
-                p.cancel()
-        yield "data: [DONE]\n\n"
+                yield i, chunk, lp
+
+    async def events(streams: list[RequestStream], head: dict, chat: bool, include_usage: bool, echo: str,
+                     ids: list[int]):
+        async with aclosing(annotated(streams, chat, echo, ids)) as chunks:  # closed: its readers stop
+            async for event in chunk_events(chunks, head, chat, include_usage, len(ids)):
+                yield event
 
     async def collect(request: Request, streams: list[RequestStream]):
         """A non-streaming request's chunks, per sample; None if its client disconnected first (it is aborted)."""

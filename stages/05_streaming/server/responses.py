@@ -61,7 +61,13 @@ class ClosingStream(StreamingResponse):
 
 
 def sse(data: dict) -> str:
+    """One server-sent event: a ``data:`` line and the blank line that ends the event."""
     return f"data: {json.dumps(data)}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def ended_early(chunk) -> APIError:
