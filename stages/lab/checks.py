@@ -8,24 +8,18 @@ derandomized so that the verdict is the same on every run; hypothesis shrinks a 
 """
 from __future__ import annotations
 
-import functools
 from collections import Counter
 
 from hypothesis import given, strategies as st
 
-from common import ReferenceLLM, SamplingParams
+from common import SamplingParams
 from common.tools.workloads import TOY_LENGTHS, toy
 
 from .checks_server import check_05_3
 from .checks_text import check_04_1, check_05_1, check_05_2
-from .examples import hypothesis
+from .examples import hypothesis, reference
 
 BLOCK = 4  # stage 03's block size in the checks: small, so that short prompts span several blocks
-
-
-@functools.cache
-def reference() -> ReferenceLLM:
-    return ReferenceLLM("tiny", dtype="bfloat16")
 
 
 def describe_params(p: SamplingParams) -> str:

@@ -16,16 +16,11 @@ from hypothesis import given, strategies as st
 
 from common import SamplingParams
 
-from .examples import hypothesis
+from .examples import hypothesis, reference
 from .sse_oracle import Want, check_events, read_events
 
 MESSAGES = [[{"role": "user", "content": "Say something."}],
             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count: un, deux, trois"}]]
-
-
-def reference():
-    from .checks import reference  # one reference for every check of the process
-    return reference()
 
 
 def faulty_engine(v, llm):

@@ -1,6 +1,8 @@
-"""How many hypothesis examples a grader runs, and how: derandomized, so a source has one verdict on every run."""
+"""What every grader shares: the one-request-at-a-time reference, and how many hypothesis examples it runs, and
+how: derandomized, so a source has one verdict on every run."""
 from __future__ import annotations
 
+import functools
 import os
 
 from hypothesis import HealthCheck, settings
@@ -14,3 +16,9 @@ def examples(n: int) -> int:
 def hypothesis(n: int):
     return settings(max_examples=examples(n), deadline=None, derandomize=True, database=None, print_blob=False,
                     suppress_health_check=list(HealthCheck))
+
+
+@functools.cache
+def reference():
+    from common import ReferenceLLM
+    return ReferenceLLM("tiny", dtype="bfloat16")
