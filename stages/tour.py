@@ -38,13 +38,15 @@ def table(title: str, columns: list[str], rows: list[list]) -> Table:
     return t
 
 
-def prepare(console: Console, model: str, text_tokens: int) -> dict:
+def prepare(console: Console, model: str, text_tokens: int) -> tuple[dict, ReferenceLLM]:
+    """The precision table, and the bfloat16 reference it loaded, which the later sections reuse."""
     console.rule("1. Prepare: bytes per precision, load time, what quantizing costs")
-    out, ids = {}, None
+    out, ids, ref = {}, None, None
     for q in (None, "int8", "int4"):
         start = time.perf_counter()
         llm = ReferenceLLM(model, dtype="bfloat16", quantization=q)
         load = time.perf_counter() - start
+        ref = ref or llm
         ids = ids or quality.text_ids(llm)[:text_tokens]
         ppl, _ = quality.score_text(llm, ids, window=len(ids))
         out[quality.label(q)] = {"weight bytes": llm.model.weight_bytes, "load s": load, "perplexity": ppl}
@@ -53,7 +55,7 @@ def prepare(console: Console, model: str, text_tokens: int) -> dict:
                         ["precision", "weight bytes", "load s", "perplexity", "vs bfloat16"],
                         [[k, v["weight bytes"], v["load s"], v["perplexity"], f"{v['perplexity'] / base - 1:+.1%}"]
                          for k, v in out.items()]))
-    return out
+    return out, ref
 
 
 def schedule(console: Console) -> dict:
@@ -70,7 +72,8 @@ def schedule(console: Console) -> dict:
     return out
 
 
-def cache(console: Console, model: str, prompt: list[int]) -> dict:
+def cache(console: Console, model: str, prompt: list[int]) -> tuple[dict, object]:
+    """The capacity table and a block table as it grows; and the stage-03 engine, which `same_tokens` reuses."""
     console.rule("3. Cache: reserve the maximum, or page what is written")
     a = roofline.Article().figures()
     out = {"article reserving": a["sequences reserving 2,048"], "article paged": a["sequences paged at 400"]}
@@ -93,10 +96,11 @@ def cache(console: Console, model: str, prompt: list[int]) -> dict:
 
     llm.observe = observe
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    del llm.observe  # the class's again
     for tokens, blocks in growth:
         console.print(f"  {tokens:>4} tokens computed -> block table {blocks}")
     out["block table growth"] = growth
-    return out
+    return out, llm
 
 
 def kernels_and_streaming(console: Console, model: str, prompt: list[int], mb: int) -> dict:
@@ -119,10 +123,11 @@ def kernels_and_streaming(console: Console, model: str, prompt: list[int], mb: i
     return out
 
 
-def same_tokens(model: str, prompts: list[list[int]]) -> dict:
+def same_tokens(ref: ReferenceLLM, paged, prompts: list[list[int]]) -> dict:
+    """The reference one request at a time against stage 03's engine batching all of them (the first prompt's
+    blocks still in its prefix cache from section 3)."""
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    expected = [o.token_ids for o in ReferenceLLM(model, dtype="bfloat16").generate(prompts, params)]
-    paged = stage("03_paged_kv").LLM(model, block_size=16, max_num_seqs=len(prompts))
+    expected = [o.token_ids for o in ref.generate(prompts, params)]
     got = [o.token_ids for o in paged.generate(prompts, params)]
     return {"requests": len(prompts), "identical": sum(a == b for a, b in zip(expected, got))}
 
@@ -130,12 +135,13 @@ def same_tokens(model: str, prompts: list[list[int]]) -> dict:
 def tour(quick: bool = False, console: Console | None = None) -> dict:
     console = console or Console()
     model = "tiny" if quick else "smollm2-135m"
-    ref = ReferenceLLM(model, dtype="bfloat16")
+    figures = {"model": model}
+    figures["prepare"], ref = prepare(console, model, 128 if quick else 512)  # each model is loaded once
     prompts = quality.chat_prompts(ref, 4)
-    figures = {"model": model, "prepare": prepare(console, model, 128 if quick else 512),
-               "schedule": schedule(console), "cache": cache(console, model, prompts[0]),
-               "kernels": kernels_and_streaming(console, model, prompts[0], 64 if quick else 1024),
-               "same tokens": same_tokens(model, prompts)}
+    figures["schedule"] = schedule(console)
+    figures["cache"], paged = cache(console, model, prompts[0])
+    figures["kernels"] = kernels_and_streaming(console, model, prompts[0], 64 if quick else 1024)
+    figures["same tokens"] = same_tokens(ref, paged, prompts)
     answer(console, figures)
     return figures
 
