@@ -100,8 +100,8 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
         headers = getattr(stream, "headers", {})  # the cluster names the replica that serves the request
         if req.stream:
             include_usage = req.stream_options is not None and req.stream_options.include_usage
-            return ClosingStream(events(streams, head | {"object": head["object"] + ".chunk" * chat}, chat,
-                                        include_usage, echo, ids),
+            return ClosingStream(stream_events(streams, head | {"object": head["object"] + ".chunk" * chat}, chat,
+                                               include_usage, echo, ids),
                                  on_close=lambda: [finish(s) for s in streams], headers=headers)
         per_sample = await collect(request, streams)
         if per_sample is None:  # the client went away; nobody reads this
@@ -148,8 +148,9 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
                     offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
                 yield i, chunk, lp
 
-    async def events(streams: list[RequestStream], head: dict, chat: bool, include_usage: bool, echo: str,
-                     ids: list[int]):
+    async def stream_events(streams: list[RequestStream], head: dict, chat: bool, include_usage: bool, echo: str,
+                            ids: list[int]):
+        """The response body of a streaming request: `chunk_events` (events.py) over the annotated chunks."""
         async with aclosing(annotated(streams, chat, echo, ids)) as chunks:  # closed: its readers stop
             async for event in chunk_events(chunks, head, chat, include_usage, len(ids)):
                 yield event
