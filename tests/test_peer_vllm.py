@@ -149,3 +149,10 @@ def test_vllm_greedy_tokens_equal_the_reference_in_float32(real_folder):
     r = peer_vllm.vllm_cpu(real_folder, prompts, [96] * 3, list(ref.config.eos_token_ids), 3, "float32")
     assert r["tokens"] == expected
     assert r["output tokens"] == sum(map(len, expected)) and r["start s"] > 0
+
+
+def test_agreement_names_identical_requests_and_where_the_others_part():
+    from stages.bench.vllm_check import agreement
+
+    assert agreement([[1, 2, 3], [4, 5], [6, 7]], [[1, 2, 3], [4, 9], [6, 7, 8]]) == (
+        "1 of 3 requests identical; the others first differ at token 1, 2")

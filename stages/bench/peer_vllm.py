@@ -9,12 +9,12 @@ request stops early, as `ignore_eos`), `max_num_seqs` requests in flight, bfloat
 Settings, from vLLM's CPU installation docs: OpenMP threads bound to every CPU this process may use
 (`VLLM_CPU_OMP_THREADS_BIND`, no core reserved: `VLLM_CPU_NUM_OF_RESERVED_CPU=0`), Intel OpenMP (the
 libiomp5 the wheel's `intel-openmp` brings) and TCMalloc (when the system has it) in `LD_PRELOAD`, and a KV
-cache of `VLLM_CPU_KVCACHE_SPACE` GiB (without it vLLM asks for 90% of the machine's memory and fails on a
+cache of `VLLM_CPU_KVCACHE_SPACE` GiB (without it vLLM asks for 92% of the machine's memory and fails on a
 busy one). Each setting already in the environment wins. vLLM loads every `*.safetensors` in a folder, so it
 gets a folder of links to the dense checkpoint, without the prepared folder's Q4_1 blocks.
 
 Counting as the stages: output tokens up to and including EOS. vLLM 0.32 keeps the stop token in a request's
-`token_ids` (checked by tests/test_peer_vllm.py); were it dropped, `tokens_like_ours` puts it back from
+`token_ids` (every request that stopped ended with it); were it left out, `tokens_like_ours` puts it back from
 `stop_reason`. Times: vLLM's own per-request `RequestOutput.metrics` (engine-core timestamps of the first and
 last token, kept with `disable_log_stats=False`), measured from the start of the timed run, in which every
 request arrives at once: TTFT from that start, TPOT as (last - first) / (tokens - 1). The start (loading,
