@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import statistics
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -84,17 +85,35 @@ def test_records_hold_the_references_tokens_and_the_clients_own_timestamps(run):
         assert r["prompt_tokens"] == len(prompts[r["request"]])
         assert 1 <= len(r["chunk_times"]) <= r["output_tokens"] and r["chunk_times"] == sorted(r["chunk_times"])
         assert r["arrival_time"] <= r["start"] < r["chunk_times"][0]
+        assert set(r["content_times"]) <= set(r["chunk_times"])
+        # the EOS step streams a chunk with a finish reason and no text: aiperf's clock stops a step earlier
+        ended_by_eos = want[r["request"]].finish_reason == "stop"
+        assert (r["content_times"][-1] < r["chunk_times"][-1]) == ended_by_eos
 
 
-def test_reported_metrics_equal_a_recomputation_from_the_raw_timestamps(run):
+def test_an_answer_ending_in_eos_streams_a_last_chunk_without_text(server):
+    """The EOS step's chunk carries the finish reason and no text: vLLM's clock (`load`'s) stops at it, aiperf's
+    at the chunk before, one decode step earlier; both count the EOS token, as the server's usage does."""
+    question = load.CHAT_QUESTIONS[22]  # tiny answers it greedily with EOS at token 54 (found by search)
+    ref = ReferenceLLM("tiny")
+    want = ref.generate([ref.tokenizer.encode_chat([{"role": "user", "content": question}])],
+                        SamplingParams(temperature=0, max_tokens=64))[0]
+    assert want.finish_reason == "stop"
+    r = asyncio.run(load.one_request(urlsplit(server.url), "tiny", question, 64))
+    assert r["success"] and r["output_tokens"] == len(want.token_ids)
+    assert r["content_times"][-1] < r["chunk_times"][-1] and r["content_times"] == r["chunk_times"][:-1]
+
+
+@pytest.mark.parametrize("times", ["chunk_times", "content_times"])  # vLLM's definitions, then aiperf's
+def test_reported_metrics_equal_a_recomputation_from_the_raw_timestamps(run, times):
     records, duration, _ = run
     failed = {"request": 10, "success": False, "error": "refused", "start": 0.0, "chunk_times": [],
-              "output_tokens": 0, "prompt_tokens": 0}
-    m = load_metrics.calculate_metrics(records + [failed], duration, (50, 90, 99.5))
-    ttft = [r["chunk_times"][0] - r["start"] for r in records]
-    e2el = [r["chunk_times"][-1] - r["start"] for r in records]
+              "content_times": [], "output_tokens": 0, "prompt_tokens": 0}
+    m = load_metrics.calculate_metrics(records + [failed], duration, (50, 90, 99.5), times=times)
+    ttft = [r[times][0] - r["start"] for r in records]
+    e2el = [r[times][-1] - r["start"] for r in records]
     tpot = [(e - t) / (r["output_tokens"] - 1) for r, t, e in zip(records, ttft, e2el) if r["output_tokens"] > 1]
-    itl = [b - a for r in records for a, b in zip(r["chunk_times"], r["chunk_times"][1:])]
+    itl = [b - a for r in records for a, b in zip(r[times], r[times][1:])]
     tokens_in, tokens_out = sum(r["prompt_tokens"] for r in records), sum(r["output_tokens"] for r in records)
     assert (m["completed"], m["failed"], m["total_input_tokens"], m["total_output_tokens"]) == \
         (10, 1, tokens_in, tokens_out)
@@ -111,23 +130,29 @@ def test_reported_metrics_equal_a_recomputation_from_the_raw_timestamps(run):
 
 
 def test_goodput_counts_exactly_the_requests_meeting_every_slo(run):
+    """SLOs midway between observed values, chosen so that each alone admits a request the pair turns away."""
     records, duration, _ = run
-    ttft = [r["chunk_times"][0] - r["start"] for r in records]
-    tpot = [(r["chunk_times"][-1] - r["start"] - t) / (r["output_tokens"] - 1) if r["output_tokens"] > 1 else 0.0
-            for r, t in zip(records, ttft)]
-    by_ttft = sorted(ttft)
-    ttft_slo = 1e3 * (by_ttft[6] + by_ttft[7]) / 2  # midway between two observed values: 7 of 10 meet it
-    passing = sorted(p for t, p in zip(ttft, tpot) if 1e3 * t <= ttft_slo)
-    tpot_slo = 1e3 * (passing[3] + passing[4]) / 2  # 4 of those 7 also meet this one
-    good = sum(1e3 * t <= ttft_slo and 1e3 * p <= tpot_slo for t, p in zip(ttft, tpot))
-    only_tpot = sum(1e3 * p <= tpot_slo for p in tpot)
-    assert good == 4 and only_tpot > good  # by construction: the second SLO removes 3 of the first's 7
-    both = load_metrics.calculate_metrics(records, duration, goodput={"ttft": ttft_slo, "tpot": tpot_slo})
-    assert both["request_goodput"] * duration == pytest.approx(good)
-    alone = load_metrics.calculate_metrics(records, duration, goodput={"tpot": tpot_slo})
-    assert alone["request_goodput"] * duration == pytest.approx(only_tpot)
-    nobody = load_metrics.calculate_metrics(records, duration, goodput={"e2el": 0.0})
-    assert nobody["request_goodput"] == 0
+    ttft = [1e3 * (r["chunk_times"][0] - r["start"]) for r in records]
+    tpot = [1e3 * (r["chunk_times"][-1] - r["chunk_times"][0]) / (r["output_tokens"] - 1) for r in records]
+
+    def midpoints(values):
+        v = sorted(values)
+        return [(a + b) / 2 for a, b in zip(v, v[1:])]
+
+    def meeting(ttft_slo, tpot_slo):
+        return sum(t <= ttft_slo and p <= tpot_slo for t, p in zip(ttft, tpot))
+
+    pairs = [(a, b, meeting(a, b)) for a in midpoints(ttft) for b in midpoints(tpot)
+             if 0 < meeting(a, b) < min(meeting(a, math.inf), meeting(math.inf, b))]
+    assert pairs, "the observed TTFTs and TPOTs rank every request alike: no SLO pair tells them apart"
+    ttft_slo, tpot_slo, good = pairs[len(pairs) // 2]
+    m = load_metrics.calculate_metrics(records, duration, goodput={"ttft": ttft_slo, "tpot": tpot_slo})
+    assert m["request_goodput"] * duration == pytest.approx(good)
+    for slos, want in (({"ttft": ttft_slo}, meeting(ttft_slo, math.inf)),
+                       ({"tpot": tpot_slo}, meeting(math.inf, tpot_slo)),
+                       ({"e2el": 0.0}, 0), ({"e2el": 1e9, "ttft": 1e9, "tpot": 1e9}, 10)):
+        assert load_metrics.calculate_metrics(records, duration, goodput=slos)["request_goodput"] * duration \
+            == pytest.approx(want)
 
 
 def test_max_concurrency_is_never_exceeded_inside_the_server(run):

@@ -110,17 +110,23 @@ def run(args: argparse.Namespace) -> None:
 
 
 def run_load(args: argparse.Namespace, console: Console) -> None:
-    """`load`: against --url or a server of its own; with --aiperf, aiperf against the same server after it."""
+    """`load` against --url or a server of its own; with --aiperf, then aiperf against a fresh server of the same
+    settings (a server `load` just ran holds its prompts in the prefix cache: the second tool would prefill
+    less), or against --url again, warned."""
     from .server.load import load_url, serving
     settings = settings_from(args)
     with contextlib.nullcontext(args.url) if args.url else serving(serve_arguments(args)) as url:
-        figures = load_url(url, settings, console)
-        if args.aiperf:
-            from .server.aiperf import compare_with_aiperf
-            try:
-                compare_with_aiperf(url, settings, figures, args.aiperf, args.model, console)
-            except (OSError, RuntimeError) as e:  # load's figures stand; say why aiperf's are missing
-                raise SystemExit(f"error: aiperf: {e}") from None
+        figures, records = load_url(url, settings, console)
+    if not args.aiperf:
+        return
+    from .server.aiperf import compare_with_aiperf
+    if args.url:
+        console.print("[yellow]aiperf loads the same --url server: its prefix cache holds the prompts load sent[/]")
+    try:
+        with contextlib.nullcontext(args.url) if args.url else serving(serve_arguments(args)) as url:
+            compare_with_aiperf(url, settings, figures, records, args.aiperf, args.model, console)
+    except (OSError, RuntimeError) as e:  # load's figures stand; say why aiperf's are missing
+        raise SystemExit(f"error: aiperf: {e}") from None
 
 
 def serve_arguments(args: argparse.Namespace) -> list[str]:

@@ -26,7 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .load import LoadSettings
-from .load_metrics import LATENCIES
+from .load_metrics import LATENCIES, calculate_metrics
+from .proc_cpu import CpuSampler
 
 AIPERF_NAMES = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "itl": "inter_chunk_latency",
                 "e2el": "request_latency"}
@@ -77,8 +78,18 @@ def from_aiperf(export: dict, percentiles: tuple[float, ...]) -> dict:
     return out
 
 
+def profiling_window(records_file: Path) -> tuple[int, int]:
+    """The timed phase's first request sent and last answer ended (wall clock, ns) from aiperf's per-request
+    export (profile_export.jsonl): the warm-up phase is left out."""
+    spans = [(m["request_start_ns"], m["request_end_ns"]) for m in
+             (json.loads(line)["metadata"] for line in records_file.read_text().splitlines())
+             if m["benchmark_phase"] == "profiling"]
+    return min(a for a, _ in spans), max(b for _, b in spans)
+
+
 def run_aiperf(aiperf: str, url: str, s: LoadSettings, tokenizer: str, console: Console) -> dict:
-    """Run aiperf once (its artifacts in a fresh temporary folder) and read its figures."""
+    """Run aiperf once (its artifacts in a fresh temporary folder) and read its figures, with the CPU time its
+    processes took while its timed requests ran."""
     if not os.access(aiperf, os.X_OK):
         raise FileNotFoundError(f"no aiperf at {aiperf}: `make aiperf` installs it in .venv-aiperf")
     work = Path(tempfile.mkdtemp(prefix="stepwise-aiperf-"))
@@ -87,38 +98,50 @@ def run_aiperf(aiperf: str, url: str, s: LoadSettings, tokenizer: str, console: 
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     console.print(f"[bold]aiperf:[/] {' '.join(cmd)}")
     with open(work / "aiperf.log", "w") as log:
-        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env | {"HF_HUB_DISABLE_TELEMETRY": "1"})
-    if done.returncode != 0:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env | {"HF_HUB_DISABLE_TELEMETRY": "1"})
+        sampler = CpuSampler(proc.pid)
+        sampler.start()
+        proc.wait()
+        sampler.stop()
+    if proc.returncode != 0:
         tail = (work / "aiperf.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"aiperf exited with code {done.returncode} (log: {work / 'aiperf.log'}):\n{tail}")
+        raise RuntimeError(f"aiperf exited with code {proc.returncode} (log: {work / 'aiperf.log'}):\n{tail}")
     console.print(f"aiperf's artifacts: {work / 'artifacts'}")
-    return from_aiperf(json.loads((work / "artifacts" / "profile_export_aiperf.json").read_text()), s.percentiles)
+    figures = from_aiperf(json.loads((work / "artifacts" / "profile_export_aiperf.json").read_text()), s.percentiles)
+    return figures | {"client_cpu_s": sampler.between(*profiling_window(work / "artifacts" / "profile_export.jsonl"))}
 
 
-def side_by_side(ours: dict, theirs: dict, s: LoadSettings) -> Table:
+def side_by_side(ours: dict, as_aiperf: dict, theirs: dict, s: LoadSettings) -> Table:
+    """`load`'s figures, the same requests timed by aiperf's definitions, and aiperf's: the second column
+    against the first is the definitions' difference, the third against the second the instruments'."""
     rows = [("Successful requests", "completed"), ("Failed requests", "failed"), ("Benchmark duration (s)", "duration"),
             ("Total input tokens", "total_input_tokens"), ("Total generated tokens", "total_output_tokens"),
             ("Request throughput (req/s)", "request_throughput"),
             *([("Request goodput (req/s)", "request_goodput")] if s.goodput else []),
             ("Output token throughput (tok/s)", "output_throughput"),
-            ("Total token throughput (tok/s)", "total_token_throughput")]
+            ("Total token throughput (tok/s)", "total_token_throughput"),
+            ("Client CPU in the timed run (s)", "client_cpu_s")]
     for name, short, _ in LATENCIES:
         rows += [(f"Mean {short} (ms)", f"mean_{name}_ms"), (f"Median {short} (ms)", f"median_{name}_ms")]
         rows += [(f"P{p:g} {short} (ms)", f"p{p:g}_{name}_ms") for p in s.percentiles]
-    table = Table(title=f"load and aiperf, the same {s.num_requests} requests against the same server ({s.model})")
-    for col in ("figure", "load", "aiperf", "aiperf / load"):
+    table = Table(title=f"load and aiperf: the same {s.num_requests} requests, servers of the same settings "
+                        f"({s.model})")
+    for col in ("figure", "load", "load, aiperf's definitions", "aiperf", "aiperf / second column"):
         table.add_column(col, justify="left" if col == "figure" else "right")
     for label, key in rows:
-        a, b = ours.get(key), theirs.get(key)
-        ratio = f"{b / a:.3f}" if a and b is not None else "-"
+        values = [ours.get(key), as_aiperf.get(key), theirs.get(key)]
+        ratio = f"{values[2] / values[1]:.3f}" if values[1] and values[2] is not None else "-"
         fmt = ",.0f" if key in COUNTS else ",.2f"
-        table.add_row(label, *("-" if v is None else format(v, fmt) for v in (a, b)), ratio)
+        table.add_row(label, *("-" if v is None else format(v, fmt) for v in values), ratio)
     return table
 
 
-def compare_with_aiperf(url: str, s: LoadSettings, ours: dict, aiperf: str, model: str, console: Console) -> dict:
-    """aiperf against ``url`` with ``s``, after `load` measured ``ours`` there; prints both, returns aiperf's."""
+def compare_with_aiperf(url: str, s: LoadSettings, ours: dict, records: list[dict], aiperf: str, model: str,
+                        console: Console) -> dict:
+    """aiperf against ``url`` with ``s``, after `load` measured ``ours`` (from ``records``) on a server of the
+    same settings; prints the three columns, returns aiperf's figures."""
     from common.prepare import resolve_model  # the checkpoint folder holds the tokenizer aiperf counts with
     theirs = run_aiperf(aiperf, url, s, str(resolve_model(model)), console)
-    console.print(side_by_side(ours, theirs, s))
+    as_aiperf = calculate_metrics(records, ours["duration"], s.percentiles, s.goodput, times="content_times")
+    console.print(side_by_side(ours, as_aiperf | {"client_cpu_s": ours["client_cpu_s"]}, theirs, s))
     return theirs

@@ -80,8 +80,8 @@ async def one_request(url: SplitResult, model: str, question: str, max_tokens: i
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     body = json.dumps(body | ({"ignore_eos": True} if ignore_eos else {})).encode()
     auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-    record = {"success": False, "error": "", "start": time.perf_counter(), "chunk_times": [], "output_tokens": 0,
-              "prompt_tokens": 0}
+    record = {"success": False, "error": "", "start": time.perf_counter(), "chunk_times": [], "content_times": [],
+              "output_tokens": 0, "prompt_tokens": 0}
     usage = None
     try:
         reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
@@ -103,8 +103,10 @@ async def one_request(url: SplitResult, model: str, question: str, max_tokens: i
                     data = json.loads(event[6:])
                     if data.get("error"):
                         raise RuntimeError(f"the stream ended with an error: {data['error']}")
-                    if data.get("choices"):
-                        record["chunk_times"].append(time.perf_counter())
+                    if choices := data.get("choices"):
+                        record["chunk_times"].append(now := time.perf_counter())
+                        if choices[0].get("delta", {}).get("content"):
+                            record["content_times"].append(now)
                     usage = data.get("usage") or usage
         finally:
             writer.close()
@@ -176,23 +178,21 @@ def serving(serve_args: list[str], start_timeout: float = 600):
             server.wait()
 
 
-def load_url(url: str, s: LoadSettings, console: Console | None = None) -> dict:
-    """The load run against the server at ``url`` (`serve` or `cluster`): prints vLLM's figures, returns them."""
+def load_url(url: str, s: LoadSettings, console: Console | None = None) -> tuple[dict, list[dict]]:
+    """The load run against the server at ``url`` (`serve` or `cluster`): prints vLLM's figures and returns them,
+    with the CPU time the clients took (``client_cpu_s``, the warm-up's one short request included: CPU the
+    server did not get when both share a machine), and the requests' records."""
     console = console or Console()
+    cpu = time.process_time()
     records, duration = asyncio.run(run_clients(url, s))
+    cpu = time.process_time() - cpu
     failed = [r for r in records if not r["success"]]
     for r in failed[:10]:
         console.print(f"[red]request {r['request']} failed:[/] {r['error']}")
-    m = calculate_metrics(records, duration, s.percentiles, s.goodput)
+    m = calculate_metrics(records, duration, s.percentiles, s.goodput) | {"client_cpu_s": cpu}
     arrivals = "all at once" if math.isinf(s.request_rate) else f"Poisson at {s.request_rate:g}/s"
     cap = f", at most {s.max_concurrency} in flight" if s.max_concurrency else ""
     console.print(metrics_table(m, f"load ({s.model}): {s.num_requests} requests arriving {arrivals}{cap}",
                                 s.percentiles, s.max_concurrency, s.request_rate))
-    return m
+    return m, records
 
-
-def load_with_server(serve_args: list[str], s: LoadSettings, console: Console | None = None,
-                     start_timeout: float = 600) -> dict:
-    """Start ``serve`` with ``serve_args``, load it, stop it."""
-    with serving(serve_args, start_timeout) as url:
-        return load_url(url, s, console)

@@ -1,7 +1,8 @@
 """What `vllm bench serve` reports, computed from the timestamps `load`'s clients recorded.
 
 Each request's record (`load.one_request`) holds when it was sent (``start``), when each streamed chunk that
-carried a choice arrived (``chunk_times``), and the server's own ``usage`` counts. From those, as vLLM's
+carried a choice arrived (``chunk_times``; ``content_times`` for those with text), and the server's own
+``usage`` counts. From those, as vLLM's
 `benchmarks/serve.py` defines them:
 
 * TTFT: first chunk - start. E2EL: last chunk - start (the finishing chunk counts; the usage-only and
@@ -28,17 +29,17 @@ LATENCIES = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per
              ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"))
 
 
-def request_latencies(record: dict) -> dict:
+def request_latencies(record: dict, times: str = "chunk_times") -> dict:
     """One successful request's TTFT, E2EL and TPOT (seconds; TPOT None below two tokens) and its ITLs."""
-    start, times, tokens = record["start"], record["chunk_times"], record["output_tokens"]
+    start, times, tokens = record["start"], record[times], record["output_tokens"]
     ttft, e2el = times[0] - start, times[-1] - start
     return {"ttft": ttft, "e2el": e2el, "tpot": (e2el - ttft) / (tokens - 1) if tokens > 1 else None,
             "itl": [b - a for a, b in zip(times, times[1:])]}
 
 
-def peak_concurrency(records: list[dict]) -> int:
+def peak_concurrency(records: list[dict], times: str = "chunk_times") -> int:
     """The most requests in flight at once, from send to last chunk, over the half-open intervals (as vLLM)."""
-    events = sorted([(r["start"], 1) for r in records] + [(r["chunk_times"][-1], -1) for r in records])
+    events = sorted([(r["start"], 1) for r in records] + [(r[times][-1], -1) for r in records])
     peak = level = 0
     for _, step in events:
         level += step
@@ -47,10 +48,15 @@ def peak_concurrency(records: list[dict]) -> int:
 
 
 def calculate_metrics(records: list[dict], duration: float, percentiles: list[float] = (99,),
-                      goodput: dict[str, float] | None = None) -> dict:
-    """The benchmark's figures under vLLM's names (``mean_ttft_ms``, ``p99_itl_ms``, ``request_goodput``...)."""
-    ok = [r for r in records if r["success"]]
-    per = [request_latencies(r) for r in ok]
+                      goodput: dict[str, float] | None = None, times: str = "chunk_times") -> dict:
+    """The benchmark's figures under vLLM's names (``mean_ttft_ms``, ``p99_itl_ms``, ``request_goodput``...).
+
+    ``times="content_times"`` times only the chunks that carried text, as aiperf does: its TTFT, E2EL
+    (``request_latency``), TPOT (``inter_token_latency``) and ITL (``inter_chunk_latency``) from the same
+    requests, so that a difference between the two tools' figures can be told from a difference in definition.
+    """
+    ok = [r for r in records if r["success"] and r[times]]
+    per = [request_latencies(r, times) for r in ok]
     values = {"ttft": [p["ttft"] for p in per], "tpot": [p["tpot"] for p in per if p["tpot"] is not None],
               "itl": [gap for p in per for gap in p["itl"]], "e2el": [p["e2el"] for p in per]}
     total_in, total_out = sum(r["prompt_tokens"] for r in ok), sum(r["output_tokens"] for r in ok)
@@ -58,7 +64,7 @@ def calculate_metrics(records: list[dict], duration: float, percentiles: list[fl
            "total_input_tokens": total_in, "total_output_tokens": total_out,
            "request_throughput": len(ok) / duration, "output_throughput": total_out / duration,
            "total_token_throughput": (total_in + total_out) / duration,
-           "max_concurrent_requests": peak_concurrency(ok), "request_goodput": None}
+           "max_concurrent_requests": peak_concurrency(ok, times), "request_goodput": None}
     if goodput:
         good = sum(all((p[m] or 0.0) <= slo / 1e3 for m, slo in goodput.items()) for p in per)
         out["request_goodput"] = good / duration
