@@ -1,4 +1,4 @@
-"""NVIDIA's aiperf against the server `load` just measured, told the same settings; both sets of figures side by side.
+"""NVIDIA's aiperf told what `load` sent, against a server of the same settings; both tools' figures side by side.
 
 aiperf is a third-party load tool (its own venv: `make aiperf`; no torch), so its figures check `load`'s
 instrument, not only the server. It is given what `load` sent: the same questions in the same order (a
@@ -11,7 +11,7 @@ TTFT ``time_to_first_token``, TPOT ``inter_token_latency``, ITL ``inter_chunk_la
 ``request_latency``. docs/serving-benchmark.md says where the two disagree and why.
 
 aiperf 0.13.0 loads a local tokenizer folder only while ``HF_HUB_OFFLINE`` is unset (set, it looks the path
-up as a hub repository id and fails); a path it never sends to the hub, so the run stays offline.
+up as a hub repository id and fails); unset, it reads a local path from disk and asks the hub nothing.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from .proc_cpu import CpuSampler
 
 AIPERF_NAMES = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "itl": "inter_chunk_latency",
                 "e2el": "request_latency"}
+AIPERF_SLOS = {m: AIPERF_NAMES[m] for m in ("ttft", "tpot", "e2el")}  # --goodput takes the request-level ones
 COUNTS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
-AIPERF_SLOS = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "e2el": "request_latency"}
 
 
 def write_inputs(path: Path, s: LoadSettings) -> None:

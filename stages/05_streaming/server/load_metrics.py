@@ -2,8 +2,7 @@
 
 Each request's record (`load.one_request`) holds when it was sent (``start``), when each streamed chunk that
 carried a choice arrived (``chunk_times``; ``content_times`` for those with text), and the server's own
-``usage`` counts. From those, as vLLM's
-`benchmarks/serve.py` defines them:
+``usage`` counts. From those, as vLLM's `benchmarks/serve.py` defines them:
 
 * TTFT: first chunk - start. E2EL: last chunk - start (the finishing chunk counts; the usage-only and
   ``[DONE]`` lines after it do not). ITL: the gaps between consecutive chunks, all requests pooled.
@@ -12,7 +11,7 @@ carried a choice arrived (``chunk_times``; ``content_times`` for those with text
 * Output tokens: the server's ``usage.completion_tokens`` (EOS included, as the engine generated it), never
   the streamed text re-tokenized; input tokens: its ``usage.prompt_tokens`` (the chat template included).
 * Throughputs: completed requests, output tokens, and input + output tokens, each over the benchmark
-  duration (the first arrival to the last request done, the warm-up excluded).
+  duration (the arrival schedule's start to the last request done, the warm-up excluded).
 * Goodput: requests that met every SLO given (``--goodput ttft:MS tpot:MS e2el:MS``, a value at or under
   its SLO meets it; a one-token request's TPOT counts as 0) over the duration, as DistServe defines it.
 * Percentiles are numpy's (linear interpolation between ranks), as vLLM's are. A latency no request
