@@ -228,6 +228,11 @@ def test_clients_and_max_concurrency_are_one_setting():
     assert load_args.settings_from(argparse_for(["--request-rate", "2"])).max_concurrency is None
 
 
+def test_a_missing_aiperf_is_named_before_anything_runs(tmp_path):
+    with pytest.raises(SystemExit, match="no aiperf at .*make aiperf"):
+        main(["load", "--model", "tiny", "--aiperf", str(tmp_path / "aiperf")])
+
+
 def argparse_for(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")

@@ -113,13 +113,18 @@ def run_load(args: argparse.Namespace, console: Console) -> None:
     """`load` against --url or a server of its own; with --aiperf, then aiperf against a fresh server of the same
     settings (a server `load` just ran holds its prompts in the prefix cache: the second tool would prefill
     less), or against --url again, warned."""
+    from .server.aiperf import check_aiperf, compare_with_aiperf
     from .server.load import load_url, serving
     settings = settings_from(args)
+    if args.aiperf:
+        try:
+            check_aiperf(args.aiperf)  # before the run it would follow
+        except FileNotFoundError as e:
+            raise SystemExit(f"error: {e}") from None
     with contextlib.nullcontext(args.url) if args.url else serving(serve_arguments(args)) as url:
         figures, records = load_url(url, settings, console)
     if not args.aiperf:
         return
-    from .server.aiperf import compare_with_aiperf
     if args.url:
         console.print("[yellow]aiperf loads the same --url server: its prefix cache holds the prompts load sent[/]")
     try:

@@ -78,6 +78,11 @@ def from_aiperf(export: dict, percentiles: tuple[float, ...]) -> dict:
     return out
 
 
+def check_aiperf(aiperf: str) -> None:
+    if not os.access(aiperf, os.X_OK):
+        raise FileNotFoundError(f"no aiperf at {aiperf}: `make aiperf` installs it in .venv-aiperf")
+
+
 def profiling_window(records_file: Path) -> tuple[int, int]:
     """The timed phase's first request sent and last answer ended (wall clock, ns) from aiperf's per-request
     export (profile_export.jsonl): the warm-up phase is left out."""
@@ -90,8 +95,7 @@ def profiling_window(records_file: Path) -> tuple[int, int]:
 def run_aiperf(aiperf: str, url: str, s: LoadSettings, tokenizer: str, console: Console) -> dict:
     """Run aiperf once (its artifacts in a fresh temporary folder) and read its figures, with the CPU time its
     processes took while its timed requests ran."""
-    if not os.access(aiperf, os.X_OK):
-        raise FileNotFoundError(f"no aiperf at {aiperf}: `make aiperf` installs it in .venv-aiperf")
+    check_aiperf(aiperf)
     work = Path(tempfile.mkdtemp(prefix="stepwise-aiperf-"))
     write_inputs(work / "inputs.jsonl", s)
     cmd = aiperf_command(aiperf, url, s, tokenizer, work / "inputs.jsonl", work / "artifacts")

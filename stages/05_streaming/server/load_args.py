@@ -77,8 +77,8 @@ def add_load_arguments(ap: argparse.ArgumentParser) -> None:
                    help="percentiles to report besides mean and median, e.g. 50,90,99 (default 99)")
     g.add_argument("--url", default=None, help="a running server to load (default: start one here)")
     g.add_argument("--aiperf", nargs="?", const=AIPERF, default=None, metavar="AIPERF",
-                   help=f"then run NVIDIA's aiperf (default {AIPERF}, `make aiperf`) against the same server "
-                        "with the same settings and print both side by side")
+                   help=f"then run NVIDIA's aiperf (default {AIPERF}, `make aiperf`) with the same settings "
+                        "against a fresh server of the same settings, and print both tools' figures side by side")
 
 
 def settings_from(args: argparse.Namespace) -> LoadSettings:
