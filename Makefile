@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test test-fast lint bench mutants setup model clean vllm-venv
+.PHONY: demo test test-fast lint bench bench-serve aiperf mutants setup model clean vllm-venv
 
 setup: $(DEPS)
 
@@ -64,6 +64,21 @@ $(VLLM_VENV)/.stamp-vllm:
 	$(VLLM_VENV)/bin/python -c "from vllm import LLM; import transformers.models.llama"
 	touch $@
 
+# NVIDIA's aiperf, a third-party load tool, in a venv of its own (about 1.2 GB, no torch); never part of `make test`.
+AIPERF := 0.13.0
+aiperf: .venv-aiperf/.stamp-aiperf
+
+.venv-aiperf/.stamp-aiperf:
+	test -x .venv-aiperf/bin/python || $(PYTHON) -m venv .venv-aiperf
+	.venv-aiperf/bin/pip install -q --disable-pip-version-check "aiperf==$(AIPERF)"
+	touch $@
+
+# A serving benchmark in vLLM's terms: `load` then aiperf against one `serve`, the same requests and settings,
+# their figures side by side (docs/serving-benchmark.md). BENCH_SERVE holds load's options.
+BENCH_SERVE ?= --num-requests 64 --max-concurrency 16 --max-tokens 96
+bench-serve: $(MODEL) aiperf
+	$(BIN)/python -m stages.05_streaming load $(BENCH_SERVE) --aiperf
+
 # Mutation testing, a tool and not a CI step: mutmut plants small bugs in the core engine modules ([tool.mutmut]
 # in pyproject.toml) one at a time, runs the fast tests that cover each, and lists the mutants no test caught.
 # Slow: about 700 mutants at 1-2 a minute on one busy core, so hours; MUTANT_JOBS runs that many at once on a
@@ -83,4 +98,8 @@ mutants: $(MODEL)
 	@$(BIN)/mutmut results
 
 clean:
+<<<<<<< HEAD
 	rm -rf $(VENV) $(VLLM_VENV) mutants
+=======
+	rm -rf $(VENV) .venv-aiperf mutants
+>>>>>>> iload

@@ -105,22 +105,24 @@ def test_32_concurrent_streaming_clients(tiny_server, tiny_ref):
 
 
 def test_the_load_runs_reader_counts_what_the_server_streams(tiny_ref):
-    """`load`'s bare HTTP/1.1 reader (chunked transfer, SSE events) counts the reference's tokens for each request,
-    times them, sends the API key, and says why a refused request failed."""
+    """`load`'s bare HTTP/1.1 reader (chunked transfer, SSE events) takes each request's token counts from the
+    server's usage (the reference's tokens), times its chunks, sends the API key, and says why a refused request
+    failed: a refused warm-up stops the run."""
     load = importlib.import_module("stages.05_streaming.server.load")
-    questions = [load.CHAT_QUESTIONS[i % len(load.CHAT_QUESTIONS)] for i in range(6)]
+    settings = load.LoadSettings("tiny", num_requests=6, max_tokens=12, max_concurrency=3, api_key="s3cret")
+    questions = settings.prompts()
     want = tiny_ref.generate([tiny_ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])
                               for q in questions], SamplingParams(temperature=0, max_tokens=12))
     with Server(streaming.LLM("tiny", max_num_seqs=4), "tiny", api_key="s3cret") as s:
-        results, wall = asyncio.run(load.run_clients(s.url, "tiny", 3, 6, 12, api_key="s3cret"))
-        with pytest.raises(RuntimeError, match="401"):
-            asyncio.run(load.run_clients(s.url, "tiny", 1, 1, 4))
+        results, wall = asyncio.run(load.run_clients(s.url, settings))
+        with pytest.raises(RuntimeError, match="warm-up request failed.*401"):
+            asyncio.run(load.run_clients(s.url, load.LoadSettings("tiny", num_requests=1, max_tokens=4)))
     assert sorted(r["request"] for r in results) == list(range(6))
     for r in results:
-        assert r["tokens"] == len(want[r["request"]].token_ids)
-        assert 0 < r["ttft"] <= r["e2e"] <= wall and (r["tpot"] is None) == (r["tokens"] < 2)
+        assert r["success"] and r["output_tokens"] == len(want[r["request"]].token_ids)
+        assert 0 < r["chunk_times"][0] - r["start"] <= r["chunk_times"][-1] - r["start"] <= wall
     with pytest.raises(ValueError, match="http://"):
-        asyncio.run(load.run_clients("https://127.0.0.1:1", "tiny", 1, 1, 4))
+        asyncio.run(load.run_clients("https://127.0.0.1:1", settings))
 
 
 def test_client_disconnect_aborts_the_request(tiny_server):

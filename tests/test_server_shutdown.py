@@ -108,12 +108,15 @@ def test_a_second_signal_exits_at_once(server):
 
 def test_load_command_serves_from_its_own_process_and_stops_it():
     """`load` starts `serve` in a child process on a free port, streams the chat workload through it from this
-    process, prints the client-side figures and shuts the server down cleanly (SIGTERM) when done."""
+    process, prints the client-side figures in vLLM's terms (`--clients` still names the cap) and shuts the
+    server down cleanly (SIGTERM) when done."""
     out = subprocess.run([sys.executable, "-m", "stages.05_streaming", "load", "--model", "tiny", "--clients", "3",
                           "--num-requests", "6", "--max-tokens", "8"], cwd=ROOT, text=True, capture_output=True,
                          timeout=300, env={**os.environ, "COLUMNS": "120"})
     assert out.returncode == 0, out.stderr[-2000:]
-    figures = dict(re.findall(r"│ (requests|output tokens|clients)\s+│\s+([\d,]+) │", out.stdout))
-    assert figures == {"clients": "3", "requests": "6", "output tokens": figures["output tokens"]}
-    assert 6 <= int(figures["output tokens"]) <= 48  # at least one token per request, at most max_tokens
+    figures = dict(re.findall(r"│ (Successful requests|Failed requests|Total generated tokens|Maximum request "
+                              r"concurrency)\s+│\s+([\d,]+) │", out.stdout))
+    assert figures == {"Maximum request concurrency": "3", "Successful requests": "6", "Failed requests": "0",
+                       "Total generated tokens": figures["Total generated tokens"]}
+    assert 6 <= int(figures["Total generated tokens"]) <= 48  # at least one token per request, at most max_tokens
     assert "Finished server process" in out.stderr + out.stdout  # the server drained and exited

@@ -72,16 +72,19 @@ def wait_until(condition, timeout: float = 30.0) -> bool:
 
 
 class Server:
-    """Stage 05's server (uvicorn) in a thread on a free loopback port; ``app_options`` go to `create_app`."""
+    """Stage 05's server (uvicorn) in a thread on a free loopback port; ``app_options`` go to `create_app`, and
+    ``wrap``, if given, wraps the app (an ASGI middleware that watches what the server serves)."""
 
-    def __init__(self, llm, model_name, **app_options):
+    def __init__(self, llm, model_name, wrap=None, **app_options):
         import uvicorn
         create_app = importlib.import_module("stages.05_streaming.server.app").create_app
         self.llm = llm
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(llm, model_name, **app_options), log_level="warning"))
+        app = create_app(llm, model_name, **app_options)
+        self.app = wrap(app) if wrap else app
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self):

@@ -1,11 +1,14 @@
-"""python -m stages.05_streaming [demo | serve --host H --port P [--api-key K] | load --clients N [--url U] |
+"""python -m stages.05_streaming [demo | serve --host H --port P [--api-key K] |
+load [--request-rate R] [--max-concurrency N] [--goodput ttft:MS tpot:MS] [--url U] [--aiperf] |
 cluster --replicas N (or --min-replicas A --max-replicas B) [--address RAY]]
 
 demo: chat requests streaming side by side; serve: the OpenAI-compatible server;
-load: N concurrent streaming clients against a server started in its own process (or the one at --url), with
-TTFT/TPOT percentiles;
+load: a serving benchmark in `vllm bench serve`'s terms (TTFT, TPOT, ITL, E2EL, throughputs, goodput) against a
+server started in its own process (or the one at --url), requests all at once or Poisson at --request-rate, at
+most --max-concurrency (--clients) in flight; --aiperf runs NVIDIA's aiperf after it, side by side;
 cluster: the same server in front of engine replicas on Ray Serve (needs the extra: pip install -e '.[cluster]')."""
 import argparse
+import contextlib
 import os
 
 from rich.console import Console
@@ -15,6 +18,7 @@ from common.validate import InvalidParam
 
 from .engine import LLM
 from .server.guards import DEFAULT_MAX_BODY_BYTES
+from .server.load_args import add_load_arguments, settings_from
 
 
 def port_arg(text: str) -> int:
@@ -54,9 +58,7 @@ def main(argv=None) -> None:
                     help="serve: comma-separated web origins allowed to call the server (CORS); none by default")
     ap.add_argument("--docs", action="store_true", help="serve: expose /docs and /openapi.json")
     ap.add_argument("--max-tokens", type=int, default=96, help="demo and load: tokens per answer")
-    ap.add_argument("--clients", type=int, default=16, help="load: concurrent streaming clients")
-    ap.add_argument("--num-requests", type=int, default=64, help="load: requests in all")
-    ap.add_argument("--url", default=None, help="load: a running server to load (default: start one here)")
+    add_load_arguments(ap)
     cluster = ap.add_argument_group("cluster (Ray Serve)")
     cluster.add_argument("--address", default=None,
                          help="an existing Ray cluster (HEAD_IP:6379, or 'auto' on one of its nodes); default: "
@@ -87,14 +89,7 @@ def run(args: argparse.Namespace) -> None:
         from .cluster.deploy import run_cluster
         return run_cluster(args, console)
     if args.command == "load":
-        from .server.load import load_url, load_with_server
-        model = args.served_model_name or args.model
-        if args.url:
-            load_url(args.url, model, args.clients, args.num_requests, args.max_tokens, console, args.api_key)
-        else:
-            load_with_server(serve_arguments(args), model, args.clients, args.num_requests, args.max_tokens, console,
-                             api_key=args.api_key)
-        return
+        return run_load(args, console)
     args.max_num_seqs = args.max_num_seqs or 16
     llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
@@ -112,6 +107,31 @@ def run(args: argparse.Namespace) -> None:
             run_demo(llm, args.max_tokens, console)
     finally:
         llm.shutdown()
+
+
+def run_load(args: argparse.Namespace, console: Console) -> None:
+    """`load` against --url or a server of its own; with --aiperf, then aiperf against a fresh server of the same
+    settings (a server `load` just ran holds its prompts in the prefix cache: the second tool would prefill
+    less), or against --url again, warned."""
+    from .server.aiperf import check_aiperf, compare_with_aiperf
+    from .server.load import load_url, serving
+    settings = settings_from(args)
+    if args.aiperf:
+        try:
+            check_aiperf(args.aiperf)  # before the run it would follow
+        except FileNotFoundError as e:
+            raise SystemExit(f"error: {e}") from None
+    with contextlib.nullcontext(args.url) if args.url else serving(serve_arguments(args)) as url:
+        figures, records = load_url(url, settings, console)
+    if not args.aiperf:
+        return
+    if args.url:
+        console.print("[yellow]aiperf loads the same --url server: its prefix cache holds the prompts load sent[/]")
+    try:
+        with contextlib.nullcontext(args.url) if args.url else serving(serve_arguments(args)) as url:
+            compare_with_aiperf(url, settings, figures, records, args.aiperf, args.model, console)
+    except (OSError, RuntimeError) as e:  # load's figures stand; say why aiperf's are missing
+        raise SystemExit(f"error: aiperf: {e}") from None
 
 
 def serve_arguments(args: argparse.Namespace) -> list[str]:

@@ -1,104 +1,160 @@
-"""A load run: N concurrent streaming clients against the server, measured from the client side.
+"""A load run in `vllm bench serve`'s terms: streaming clients against the server, measured from the client side.
 
-Starts the server (`python -m stages.05_streaming serve`) in its own process on a free
-loopback port, sends the chat workload through `/v1/chat/completions` with
-``"stream": true`` (each client sends its next request when the previous one ends), times
-every token as it arrives, then shuts the server down. The clients run in this process, as
-real clients would run elsewhere: with the server and 32 clients in one Python process, the
-clients' parsing competed with the engine's thread for the interpreter, and the run measured
-0.84x of `generate` where the same server loaded from another process gave 0.97x. One short
-request warms the server first, untimed, as the ladder warms each engine.
+Starts the server (`python -m stages.05_streaming serve`) in its own process on a free loopback port, sends
+the chat workload through `/v1/chat/completions` with ``"stream": true``, records when each request was sent
+and when each chunk arrived, then shuts the server down; `load_metrics` turns the records into vLLM's
+figures. Requests arrive as vLLM's benchmark sends them: all at once (``--request-rate inf``, its default)
+or as a Poisson process (exponential gaps, seeded), each waiting for one of ``--max-concurrency`` slots if
+a cap is given. A cap at rate inf is a closed loop: N clients, each sending its next request when its last
+one ends (``--clients N``, the same setting under its older name, 16 unless told). vLLM rescales its
+Poisson gaps so the last arrival lands at exactly N/R; these are left as drawn, as aiperf leaves them.
+
+The clients run in this process, as real clients would run elsewhere: with the server and 32 clients in
+one Python process, the clients' parsing competed with the engine's thread for the interpreter, and the
+run measured 0.84x of `generate` where the same server loaded from another process gave 0.97x. One short
+request warms the server first, untimed (if it fails, the run stops there and says why); a request that
+fails afterwards is counted as failed, as vLLM counts it.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from urllib.parse import SplitResult, urlsplit
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
-from common.tools.report import percentile
 from common.tools.workloads import CHAT_QUESTIONS
 
+from .load_metrics import calculate_metrics, metrics_table
 
-async def one_request(url: SplitResult, model: str, question: str, max_tokens: int,
-                      api_key: str | None = None) -> dict:
-    """One streamed chat completion over a bare HTTP/1.1 connection, each content event timed as it arrives.
+
+@dataclass
+class LoadSettings:
+    """One run's workload and arrivals: what `load` sends, and what the aiperf run beside it is told to send."""
+    model: str
+    num_requests: int = 64
+    max_tokens: int = 96
+    max_concurrency: int | None = 16
+    request_rate: float = math.inf
+    seed: int = 0
+    ignore_eos: bool = False
+    api_key: str | None = None
+    percentiles: tuple[float, ...] = (99,)
+    goodput: dict[str, float] = field(default_factory=dict)
+
+    def prompts(self) -> list[str]:
+        return [CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)] for i in range(self.num_requests)]
+
+
+def arrival_times(n: int, request_rate: float, seed: int = 0) -> list[float]:
+    """When each of ``n`` requests arrives, in seconds from the start: a Poisson process at ``request_rate``
+    (independent exponential gaps of mean 1/rate, the first one included, drawn from ``seed``), or all at 0."""
+    if math.isinf(request_rate):
+        return [0.0] * n
+    rng, t, times = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(request_rate)
+        times.append(t)
+    return times
+
+
+async def one_request(url: SplitResult, model: str, question: str, max_tokens: int, api_key: str | None = None,
+                      ignore_eos: bool = False) -> dict:
+    """One streamed chat completion over a bare HTTP/1.1 connection: its send time, the arrival time of each
+    chunk that carries a choice, the server's usage counts, and whether it succeeded (if not, why).
 
     A load client is a measuring instrument that shares the machine with the server: a bare reader spends a
     fraction of httpx's CPU per streamed event (docs/streaming.md), CPU otherwise taken from the server.
     """
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
-                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = json.dumps(body | ({"ignore_eos": True} if ignore_eos else {})).encode()
     auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-    start, times, tokens = time.perf_counter(), [], 0
-    reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
+    record = {"success": False, "error": "", "start": time.perf_counter(), "chunk_times": [], "content_times": [],
+              "output_tokens": 0, "prompt_tokens": 0}
+    usage = None
     try:
-        writer.write(f"POST {url.path.rstrip('/')}/v1/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\n{auth}"
-                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-                     .encode() + body)
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-        if not head.startswith("HTTP/1.1 200"):
-            raise RuntimeError(f"{head.splitlines()[0]}: {(await reader.read(1000)).decode(errors='replace')}")
-        if "transfer-encoding: chunked" not in head.lower():
-            raise RuntimeError("the server did not answer with a chunked event stream")
-        pending = b""
-        while size := int((await reader.readline()).split(b";")[0], 16):  # chunked encoding: size, data, CRLF
-            *events, pending = (pending + (await reader.readexactly(size + 2))[:-2]).split(b"\n\n")
-            for event in events:
-                if not event.startswith(b"data: {"):
-                    continue
-                data = json.loads(event[6:])
-                if data.get("error"):
-                    raise RuntimeError(f"the stream ended with an error: {data['error']}")
-                if data["choices"] and data["choices"][0]["delta"].get("content"):
-                    times.append(time.perf_counter())
-                if data.get("usage"):
-                    tokens = data["usage"]["completion_tokens"]
-    finally:
-        writer.close()
-    end = time.perf_counter()
-    return {"ttft": times[0] - start if times else end - start, "e2e": end - start, "tokens": tokens,
-            "tpot": (times[-1] - times[0]) / (tokens - 1) if tokens > 1 and len(times) > 1 else None}
+        reader, writer = await asyncio.open_connection(url.hostname, url.port or 80)
+        try:
+            writer.write(f"POST {url.path.rstrip('/')}/v1/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                         f"{auth}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                         "Connection: close\r\n\r\n".encode() + body)
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            if not head.startswith("HTTP/1.1 200"):
+                raise RuntimeError(f"{head.splitlines()[0]}: {(await reader.read(1000)).decode(errors='replace')}")
+            if "transfer-encoding: chunked" not in head.lower():
+                raise RuntimeError("the server did not answer with a chunked event stream")
+            pending = b""
+            while size := int((await reader.readline()).split(b";")[0], 16):  # chunked encoding: size, data, CRLF
+                *events, pending = (pending + (await reader.readexactly(size + 2))[:-2]).split(b"\n\n")
+                for event in events:
+                    if not event.startswith(b"data: {"):
+                        continue
+                    data = json.loads(event[6:])
+                    if data.get("error"):
+                        raise RuntimeError(f"the stream ended with an error: {data['error']}")
+                    if choices := data.get("choices"):
+                        record["chunk_times"].append(now := time.perf_counter())
+                        if choices[0].get("delta", {}).get("content"):
+                            record["content_times"].append(now)
+                    usage = data.get("usage") or usage
+        finally:
+            writer.close()
+        if not record["chunk_times"]:
+            raise RuntimeError("no streamed chunk carried a choice")
+        if usage is None:
+            raise RuntimeError("the stream carried no usage (stream_options.include_usage was ignored)")
+        record.update(success=True, output_tokens=usage["completion_tokens"], prompt_tokens=usage["prompt_tokens"])
+    except (OSError, EOFError, ValueError, KeyError, RuntimeError) as e:  # a failed request is counted, not raised
+        record["error"] = f"{type(e).__name__}: {e}"
+    return record
 
 
-async def run_clients(url: str, model: str, clients: int, num_requests: int, max_tokens: int,
-                      api_key: str | None = None) -> tuple[list[dict], float]:
-    parts, queue, results = urlsplit(url), list(range(num_requests)), []
+async def run_clients(url: str, s: LoadSettings) -> tuple[list[dict], float]:
+    """Every request of ``s`` sent on its schedule; the records, each with its index and the time it arrived
+    (it is sent then, or when a slot frees), and the benchmark's duration (the schedule's start to the last
+    request done). Times are `time.perf_counter`'s."""
+    parts = urlsplit(url)
     if parts.scheme != "http":
         raise ValueError(f"load speaks plain HTTP; give an http:// URL, not {url!r}")
+    prompts, arrivals = s.prompts(), arrival_times(s.num_requests, s.request_rate, s.seed)
+    warm = await one_request(parts, s.model, prompts[0], 4, s.api_key)  # untimed, as the ladder warms each engine
+    if not warm["success"]:
+        raise RuntimeError(f"the warm-up request failed: {warm['error']}")
+    slots = asyncio.Semaphore(s.max_concurrency) if s.max_concurrency else contextlib.nullcontext()
 
-    async def client():
-        while queue:
-            i = queue.pop(0)
-            result = await one_request(parts, model, CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)], max_tokens, api_key)
-            results.append({"request": i} | result)
+    async def request(i: int) -> dict:
+        await asyncio.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+        async with slots:
+            record = await one_request(parts, s.model, prompts[i], s.max_tokens, s.api_key, s.ignore_eos)
+        return {"request": i, "arrival_time": start + arrivals[i]} | record
 
-    await one_request(parts, model, CHAT_QUESTIONS[0], 4, api_key)  # warm, untimed, as the ladder warms each engine
     start = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return results, time.perf_counter() - start
+    records = await asyncio.gather(*(request(i) for i in range(s.num_requests)))
+    return records, time.perf_counter() - start
 
 
-def load_with_server(serve_args: list[str], model: str, clients: int = 16, num_requests: int = 64,
-                     max_tokens: int = 64, console: Console | None = None, start_timeout: float = 600,
-                     api_key: str | None = None) -> dict:
-    """Start ``serve`` with ``serve_args`` on a free port in a child process, load it, stop it (the child reads
-    its API key, if any, from STEPWISE_API_KEY as this process does)."""
+@contextlib.contextmanager
+def serving(serve_args: list[str], start_timeout: float = 600):
+    """``serve`` with ``serve_args`` in a child process on a free loopback port; yields its URL, then stops it
+    (SIGTERM: requests in flight end, the port is freed). The child reads its API key, if any, from
+    STEPWISE_API_KEY as this process does."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "stages.05_streaming", "serve", "--host", "127.0.0.1", "--port", str(port),
-           *serve_args]
-    server = subprocess.Popen(cmd)
+    server = subprocess.Popen([sys.executable, "-m", "stages.05_streaming", "serve", "--host", "127.0.0.1",
+                               "--port", str(port), *serve_args])
     try:
         deadline = time.monotonic() + start_timeout
         while True:
@@ -112,9 +168,9 @@ def load_with_server(serve_args: list[str], model: str, clients: int = 16, num_r
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not answer /health within {start_timeout:.0f} s")
             time.sleep(0.2)
-        return load_url(url, model, clients, num_requests, max_tokens, console, api_key)
+        yield url
     finally:
-        server.send_signal(signal.SIGTERM)  # a clean shutdown: requests in flight end, the port is freed
+        server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -122,22 +178,21 @@ def load_with_server(serve_args: list[str], model: str, clients: int = 16, num_r
             server.wait()
 
 
-def load_url(url: str, model: str, clients: int = 16, num_requests: int = 64, max_tokens: int = 64,
-             console: Console | None = None, api_key: str | None = None) -> dict:
-    """The load run against the server at ``url`` (`serve` or `cluster`)."""
+def load_url(url: str, s: LoadSettings, console: Console | None = None) -> tuple[dict, list[dict]]:
+    """The load run against the server at ``url`` (`serve` or `cluster`): prints vLLM's figures and returns them,
+    with the CPU time the clients took (``client_cpu_s``, the warm-up's one short request included: CPU the
+    server did not get when both share a machine), and the requests' records."""
     console = console or Console()
-    results, wall = asyncio.run(run_clients(url, model, clients, num_requests, max_tokens, api_key))
-    ttft = [r["ttft"] for r in results]
-    tpot = [r["tpot"] for r in results if r["tpot"] is not None]
-    tokens = sum(r["tokens"] for r in results)
-    figures = {"clients": clients, "requests": len(results), "output tokens": tokens, "wall s": wall,
-               "output tok/s": tokens / wall, "TTFT p50 s": percentile(ttft, 50), "TTFT p99 s": percentile(ttft, 99),
-               "TPOT p50 ms": 1e3 * percentile(tpot, 50), "TPOT p99 ms": 1e3 * percentile(tpot, 99),
-               "e2e p50 s": percentile([r["e2e"] for r in results], 50)}
-    table = Table(title=f"load run: {clients} streaming clients, {model}")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for k, v in figures.items():
-        table.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
-    console.print(table)
-    return figures
+    cpu = time.process_time()
+    records, duration = asyncio.run(run_clients(url, s))
+    cpu = time.process_time() - cpu
+    failed = [r for r in records if not r["success"]]
+    for r in failed[:10]:
+        console.print(f"[red]request {r['request']} failed:[/] {r['error']}")
+    m = calculate_metrics(records, duration, s.percentiles, s.goodput) | {"client_cpu_s": cpu}
+    arrivals = "all at once" if math.isinf(s.request_rate) else f"Poisson at {s.request_rate:g}/s"
+    cap = f", at most {s.max_concurrency} in flight" if s.max_concurrency else ""
+    console.print(metrics_table(m, f"load ({s.model}): {s.num_requests} requests arriving {arrivals}{cap}",
+                                s.percentiles, s.max_concurrency, s.request_rate))
+    return m, records
+

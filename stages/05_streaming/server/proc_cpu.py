@@ -1,0 +1,60 @@
+"""The CPU time a process and all its descendants have used, sampled from Linux's /proc while they run.
+
+A load tool that shares the machine with the server takes CPU the server would have had; aiperf runs as a
+tree of processes (a controller, dataset and timing managers, workers, record processors), so its share is
+the tree's, read over the timed part of its run only, its start-up left out.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root: int) -> float:
+    """User + system seconds of ``root`` and its live descendants (a process that already exited is gone)."""
+    parent, cpu = {}, {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ... utime, stime
+        except OSError:
+            continue
+        parent[int(entry.name)], cpu[int(entry.name)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
+
+
+class CpuSampler(threading.Thread):
+    """Reads `tree_cpu(pid)` every ``every`` seconds until stopped: ``(time.time_ns(), seconds)`` pairs."""
+
+    def __init__(self, pid: int, every: float = 0.25):
+        super().__init__(daemon=True)
+        self.pid, self.every, self.samples, self.done = pid, every, [], threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.samples.append((time.time_ns(), tree_cpu(self.pid)))
+            self.done.wait(self.every)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+    def between(self, start_ns: int, end_ns: int) -> float | None:
+        """CPU seconds used from ``start_ns`` to ``end_ns`` (wall clock, ns), from the samples just outside that
+        window (so at most one sampling period too long at each end); None if the samples do not span it."""
+        before = [c for t, c in self.samples if t <= start_ns]
+        after = [c for t, c in self.samples if t >= end_ns]
+        return after[0] - before[-1] if before and after else None
