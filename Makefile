@@ -98,8 +98,4 @@ mutants: $(MODEL)
 	@$(BIN)/mutmut results
 
 clean:
-<<<<<<< HEAD
-	rm -rf $(VENV) $(VLLM_VENV) mutants
-=======
-	rm -rf $(VENV) .venv-aiperf mutants
->>>>>>> iload
+	rm -rf $(VENV) $(VLLM_VENV) .venv-aiperf mutants
