@@ -124,9 +124,9 @@ def test_a_missing_or_failing_peer_is_one_note_and_the_ladder_goes_on(monkeypatc
     result = ladder.main([*ARGS, "--peers", "vllm,hf-cb", "--in-flight", "2,4"])
     assert list(result["engines"]) == ["01 static @2", "03 paged @2", "01 static @4", "03 paged @4"]
     vllm = [n for n in result["notes"] if n.startswith("vLLM")]
-    assert vllm == ["vLLM CPU peer: not built (make bench-peers) (at 2 in flight)"]  # once, then dropped
+    assert vllm == ["vLLM CPU peer: not built (make bench-peers) (at 2 in flight)"]  # each once, then dropped
     hf = [n for n in result["notes"] if n.startswith("HF continuous")]
-    assert hf == [f"HF continuous batching failed: paged cache exhausted (at {n} in flight)" for n in (2, 4)]
+    assert hf == ["HF continuous batching failed: paged cache exhausted (at 2 in flight)"]
     assert result["peers"] == [] and [v["peer"] for v in result["peer_verdicts"]] == ["hf-generate"]
 
 

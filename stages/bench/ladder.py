@@ -93,7 +93,7 @@ def main(argv=None) -> dict:
                   f"{copy_bw / 1e9:.1f}), matmul {flops / 1e9:,.0f} GFLOP/s")
     rows, verdicts, plain_ratio, steps_notes, latency_notes = {}, {}, {}, {}, {}
     stage_runs, peer_runs, notes = {}, {}, []
-    running = []  # the peers still to run: one that is not built is dropped after its first note
+    running = []  # the peers still to run: one that is not built or fails is dropped after its one note
     for peer in peers.chosen(args):
         why = peers.why_not(peer, work, args.temperature)
         notes.append(why) if why else running.append(peer)

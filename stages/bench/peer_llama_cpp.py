@@ -11,6 +11,7 @@ Prompts go in as token ids (SmolLM2's GGUF vocabulary is the checkpoint's), samp
 """
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections import deque
@@ -151,3 +152,23 @@ def single(gguf_path, prompt: list[int], tokens: int = 128, rounds: int = 1, thr
     finally:
         ctx.close()
     return median(rates[1:])
+
+
+def main(argv=None) -> None:
+    """python -m stages.bench.peer_llama_cpp: one request alone on SmolLM2's GGUF through this build of
+    llama-cpp-python, and the instruction sets it was built for. `make bench-peers` runs it after the native
+    build: a build that uses an instruction the CPU does not grant dies here by SIGILL, and is rebuilt for AVX2."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--tokens", type=int, default=16, help="tokens to decode (2 or more)")
+    args = ap.parse_args(argv)
+    import llama_cpp
+
+    from common.paths import smollm2_gguf_path
+
+    print(llama_cpp.llama_print_system_info().decode().strip())
+    rate = single(smollm2_gguf_path(), list(range(100, 116)), max(args.tokens, 2))
+    print(f"llama.cpp {llama_cpp.__version__}: one request alone, {max(args.tokens, 2)} tokens, {rate:.1f} tok/s")
+
+
+if __name__ == "__main__":
+    main()

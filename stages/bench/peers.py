@@ -111,15 +111,14 @@ def attempt(run, peer: str, *args):
 
 
 def run_at(running: list[str], work: Workload, n: int, notes: list[str], console) -> dict[str, baselines.Row]:
-    """Every peer still running at this in-flight limit, one after the other; a peer that is not built leaves
-    `running` after its note."""
+    """Every peer still running at this in-flight limit, one after the other; a peer that is not built or fails
+    leaves `running` after its one note."""
     rows = {}
     for peer in list(running):
         r, why = attempt(batched, peer, work, n)
         if r is None:
             notes.append(f"{why} (at {n} in flight)")
-            if why in NOT_BUILT.values():
-                running.remove(peer)
+            running.remove(peer)
             continue
         rows[peer] = r
         console.print(f"{PEERS[peer]} at {n} in flight: {r['output tok/s']:.1f} output tok/s")
