@@ -13,7 +13,6 @@ from common.tools import workloads
 from stages.bench import peers, verdict
 
 ladder = importlib.import_module("stages.__main__")
-LABELS = {**peers.PEERS, "hf-generate": "HF generate at batch 1"}
 ARGS = ["--model", "tiny", "--workload", "random", "--num-requests", "6", "--max-tokens", "12", "--prompt-range",
         "4,40", "--max-num-seqs", "4", "--stages", "01,03", "--no-plain", "--no-llama-cpp"]
 
@@ -40,7 +39,8 @@ def test_each_peer_verdict_is_the_best_stage_over_that_peer_at_its_limit_and_alo
     stages = {32: stage_rows(100.0, 130.0, 250.0, 240.0), 64: stage_rows(120.0, 170.0, 300.0, 330.0, plain=900.0)}
     at = {32: {"vllm": {"output tok/s": 200.0}}, 64: {"vllm": {"output tok/s": 220.0},
                                                      "llama-cpp": {"output tok/s": 60.0}}}
-    got = verdict.peer_verdicts(stages, at, ("04 kernels", 90.0), {"llama-cpp": 72.0, "hf-generate": 30.0}, LABELS)
+    got = verdict.peer_verdicts(stages, at, ("04 kernels", 90.0), {"llama-cpp": 72.0, "hf-generate": 30.0},
+                                 peers.PEERS, peers.ALONE)
     want = []
     for n, rows in at.items():
         best = max((name for name in stages[n] if "plain" not in name), key=lambda k: stages[n][k]["output tok/s"])
@@ -48,8 +48,9 @@ def test_each_peer_verdict_is_the_best_stage_over_that_peer_at_its_limit_and_alo
     want += [(p, 1, "04 kernels", 90.0 / rate) for p, rate in (("llama-cpp", 72.0), ("hf-generate", 30.0))]
     assert [(v["peer"], v["in flight"], v["stage"], v["ratio"]) for v in got] == want
     assert got[0]["text"] == "vs vLLM CPU at 32 in flight: 03 paged 250.0 / 200.0 output tok/s = 1.25x"
-    assert got[-2]["text"] == "vs llama.cpp batched, one request alone: 04 kernels 90.0 / 72.0 decode tok/s = 1.25x"
-    assert verdict.peer_verdicts({32: {}}, at, None, {"llama-cpp": 1.0}, LABELS) == []  # no stage ran: no verdict
+    assert got[-2]["text"] == "vs llama.cpp, one request alone: 04 kernels 90.0 / 72.0 decode tok/s = 1.25x"
+    # no stage ran: no verdict
+    assert verdict.peer_verdicts({32: {}}, at, None, {"llama-cpp": 1.0}, peers.PEERS, peers.ALONE) == []
 
 
 def test_token_agreement_counts_identical_requests_and_the_median_first_difference():

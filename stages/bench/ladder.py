@@ -160,8 +160,7 @@ def main(argv=None) -> dict:
             resolve_model(args.model), ids[0], dtype, alone["tokens"], args.rounds)
     alone["peers decode tok/s"] = others
     print_alone(console, alone, read_bw, args)
-    peer_verdicts = verdict.peer_verdicts(stage_runs, peer_runs, best, others,
-                                          {**peers.PEERS, "hf-generate": "HF generate at batch 1"})
+    peer_verdicts = verdict.peer_verdicts(stage_runs, peer_runs, best, others, peers.PEERS, peers.ALONE)
     for n, ratio in plain_ratio.items():
         console.print(f"price of invariance at {n} in flight: stage 03 on invariant math runs at {ratio:.2f}x its "
                       f"plain-math speed (python -m stages.bench.invariance shows what plain math changes)")
@@ -210,4 +209,4 @@ def print_alone(console, alone: dict, read_bw: float, args) -> None:
     if "best stage" in alone:
         name, rate = alone["best stage"]
         console.print(f"one request alone through {name} (one slot): decode {rate:.1f} tok/s" + "".join(
-            f"; {peers.PEERS[p]}: {r:.1f}" for p, r in alone["peers decode tok/s"].items() if p in peers.PEERS))
+            f"; {peers.ALONE[p]}: {r:.1f}" for p, r in alone["peers decode tok/s"].items()))

@@ -20,6 +20,7 @@ from common.prepare import resolve_model
 from . import baselines
 
 PEERS = {"vllm": "vLLM CPU", "llama-cpp": "llama.cpp batched", "hf-cb": "HF continuous batching"}
+ALONE = {"vllm": "vLLM CPU", "llama-cpp": "llama.cpp", "hf-generate": "HF generate at batch 1"}  # one request alone
 NOT_BUILT = {"vllm": "vLLM CPU peer: not built (make bench-peers)",
              "llama-cpp": "llama.cpp batched: llama-cpp-python is not installed (make bench-peers builds it; minutes)"}
 

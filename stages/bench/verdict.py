@@ -96,8 +96,8 @@ def best_stage(rows: dict[str, dict]) -> tuple[str, float] | None:
 
 
 def peer_verdicts(stages: dict[int, dict[str, dict]], peers: dict[int, dict[str, dict]],
-                  single: tuple[str, float] | None, single_peers: dict[str, float],
-                  labels: dict[str, str]) -> list[dict]:
+                  single: tuple[str, float] | None, single_peers: dict[str, float], labels: dict[str, str],
+                  alone_labels: dict[str, str]) -> list[dict]:
     """Stepwise's best stage over each peer: output tok/s at each in-flight limit (``stages[n]`` and ``peers[n]``
     are that limit's rows, peers keyed by name), then decode tok/s for one request alone (``single``: the best
     stage's name and rate; ``single_peers``: each peer's rate)."""
@@ -113,7 +113,7 @@ def peer_verdicts(stages: dict[int, dict[str, dict]], peers: dict[int, dict[str,
             add(peer, n, *best, r["output tok/s"], f"vs {labels[peer]} at {n} in flight: {best[0]} {best[1]:,.1f} / "
                                                    f"{r['output tok/s']:,.1f} output tok/s")
     for peer, rate in single_peers.items() if single else ():
-        add(peer, 1, *single, rate, f"vs {labels[peer]}, one request alone: {single[0]} {single[1]:,.1f} / "
+        add(peer, 1, *single, rate, f"vs {alone_labels[peer]}, one request alone: {single[0]} {single[1]:,.1f} / "
                                     f"{rate:,.1f} decode tok/s")
     return out
 
