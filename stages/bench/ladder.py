@@ -95,8 +95,10 @@ def main(argv=None) -> dict:
     stage_runs, peer_runs, notes = {}, {}, []
     running = []  # the peers still to run: one that is not built or fails is dropped after its one note
     for peer in peers.chosen(args):
-        why = peers.why_not(peer, work, args.temperature)
-        notes.append(why) if why else running.append(peer)
+        if why := peers.why_not(peer, work, args.temperature):
+            notes.append(why)
+        else:
+            running.append(peer)
     in_flight = [int(n) for n in (args.in_flight or str(args.max_num_seqs)).split(",")]
     for n in in_flight:
         suffix = f" @{n}" if len(in_flight) > 1 else ""
