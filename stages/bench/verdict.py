@@ -89,8 +89,38 @@ def latency_verdict(rows: dict[str, dict]) -> str | None:
     return "; ".join(parts) or None
 
 
-def plot(rows: dict[str, dict], path: str, title: str) -> None:
-    """Output tok/s, TTFT p50 and TPOT p50 per engine, side by side (matplotlib, for READMEs and slides)."""
+def best_stage(rows: dict[str, dict]) -> tuple[str, float] | None:
+    """The stage (plain math aside) with the most output tok/s among these rows, and that rate."""
+    ran = [(name, rows[name]["output tok/s"]) for name in STAGE_ORDER if name in rows]
+    return max(ran, key=lambda r: r[1]) if ran else None
+
+
+def peer_verdicts(stages: dict[int, dict[str, dict]], peers: dict[int, dict[str, dict]],
+                  single: tuple[str, float] | None, single_peers: dict[str, float], labels: dict[str, str],
+                  alone_labels: dict[str, str]) -> list[dict]:
+    """Stepwise's best stage over each peer: output tok/s at each in-flight limit (``stages[n]`` and ``peers[n]``
+    are that limit's rows, peers keyed by name), then decode tok/s for one request alone (``single``: the best
+    stage's name and rate; ``single_peers``: each peer's rate)."""
+    out = []
+
+    def add(peer, n, stage, ours, theirs, text):
+        out.append({"peer": peer, "in flight": n, "stage": stage, "ours": ours, "theirs": theirs,
+                    "ratio": ours / theirs, "text": f"{text} = {ours / theirs:.2f}x"})
+
+    for n, rows in peers.items():
+        best = best_stage(stages.get(n, {}))
+        for peer, r in rows.items() if best else ():
+            add(peer, n, *best, r["output tok/s"], f"vs {labels[peer]} at {n} in flight: {best[0]} {best[1]:,.1f} / "
+                                                   f"{r['output tok/s']:,.1f} output tok/s")
+    for peer, rate in single_peers.items() if single else ():
+        add(peer, 1, *single, rate, f"vs {alone_labels[peer]}, one request alone: {single[0]} {single[1]:,.1f} / "
+                                    f"{rate:,.1f} decode tok/s")
+    return out
+
+
+def plot(rows: dict[str, dict], path: str, title: str, peers: tuple[str, ...] = ()) -> None:
+    """Output tok/s, TTFT p50 and TPOT p50 per engine, side by side (matplotlib, for READMEs and slides); the
+    engines named in ``peers`` drawn apart from the stages and the baselines."""
     try:
         import matplotlib
     except ImportError:
@@ -103,8 +133,8 @@ def plot(rows: dict[str, dict], path: str, title: str) -> None:
               ("TTFT p50 s", "time to first token p50, s", "%.2f"),
               ("TPOT p50 ms", "time per output token p50, ms", "%.0f")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 0.9 + 0.42 * len(names)), constrained_layout=True)
-    colors = ["#dd8452" if "plain" in n else "#4c72b0" if any(n.startswith(s) for s in STAGE_ORDER) else "#999999"
-              for n in names]
+    colors = ["#dd8452" if "plain" in n else "#4c72b0" if any(n.startswith(s) for s in STAGE_ORDER) else
+              "#55a868" if n in peers else "#999999" for n in names]  # stages blue, peers green, baselines grey
     for ax, (metric, label, fmt) in zip(axes, panels):
         values = [rows[n].get(metric, float("nan")) for n in names]
         bars = ax.barh(names, values, color=colors)
