@@ -49,7 +49,7 @@ def test_ladder_figures_are_the_engines_counters(tmp_path, monkeypatch, capsys):
     out = tmp_path / "bench.json"
     result = ladder.main(["--model", "tiny", "--workload", "random", "--num-requests", "6", "--max-tokens", "12",
                           "--prompt-range", "4,40", "--max-num-seqs", "4", "--stages", "01,02,03,05", "--no-hf",
-                          "--no-llama-cpp", "--no-plain", "--json", str(out)])
+                          "--no-llama-cpp", "--no-vllm", "--no-plain", "--json", str(out)])
     assert "same tokens as first stage" in capsys.readouterr().out
     assert json.loads(out.read_text())["engines"] == json.loads(json.dumps(result["engines"], default=str))
     engines = result["engines"]
@@ -127,7 +127,7 @@ def test_ladder_rounds_interleave_the_engines_and_report_each_ones_median(monkey
     monkeypatch.setattr(runs, "decode_rate", recorded_rate)  # one request alone: its runs' rates
     result = ladder.main(["--model", "tiny", "--workload", "random", "--num-requests", "5", "--max-tokens", "10",
                           "--prompt-range", "4,30", "--max-num-seqs", "4", "--stages", "01,03", "--rounds", "3",
-                          "--no-hf", "--no-llama-cpp"])
+                          "--no-hf", "--no-llama-cpp", "--no-vllm"])
     assert len(decode_rates) == 6
     alone = result["single_request"]
     assert alone["decode tok/s"] == 26.0 and alone["rounds decode tok/s"] == "30.0 / 10.0 / 26.0"
@@ -178,7 +178,7 @@ def test_a_sampled_ladder_samples_every_request_with_its_own_seed_and_keeps_the_
     monkeypatch.setattr(LLM, "generate", spy)
     result = ladder.main(["--model", "tiny", "--workload", "random", "--num-requests", "5", "--max-tokens", "10",
                           "--prompt-range", "4,30", "--max-num-seqs", "4", "--stages", "01,03", "--no-plain",
-                          "--no-hf", "--no-llama-cpp", "--temperature", "0.9", "--top-p", "0.8"])
+                          "--no-hf", "--no-llama-cpp", "--no-vllm", "--temperature", "0.9", "--top-p", "0.8"])
     batched = [p for p in seen if isinstance(p, list) and len(p) == 5]
     assert batched and all([(q.temperature, q.top_p, q.seed) for q in p] == [(0.9, 0.8, i) for i in range(5)]
                            for p in batched)
