@@ -158,11 +158,18 @@ def test_hf_baseline_counts_the_reference_tokens():
     from stages.bench import baselines
     prompts = [[5, 6, 7, 8], [300, 301], [40, 41, 42, 43, 44, 45]]
     limits = [6, 9, 4]
-    row = baselines.hf_generate(resolve_model("tiny"), prompts, limits, eos=2, batch_size=2, dtype=torch.float32)
+    row = baselines.hf_generate(resolve_model("tiny"), prompts, limits, eos=[2], batch_size=2, dtype=torch.float32)
     ref = ReferenceLLM("tiny", dtype="float32").generate(prompts, [SamplingParams(temperature=0, max_tokens=n)
                                                                    for n in limits])
     assert row["output tokens"] == sum(len(r.token_ids) for r in ref)
     assert row["requests"] == 3 and row["prompt tokens"] == 12 and row["steps"] == 9 + 4
+    # every EOS id ends a request: the first request's third token made a second EOS cuts it there
+    extra = ref[0].token_ids[2]
+    cut = [next((j + 1 for j, t in enumerate(r.token_ids) if t in (2, extra)), len(r.token_ids)) for r in ref]
+    assert cut[0] <= 3
+    row = baselines.hf_generate(resolve_model("tiny"), prompts, limits, eos=[2, extra], batch_size=2,
+                                dtype=torch.float32)
+    assert row["output tokens"] == sum(cut)
 
 
 def test_a_sampled_ladder_samples_every_request_with_its_own_seed_and_keeps_the_tokens(monkeypatch):

@@ -29,7 +29,7 @@ def row(name: str, n: int, prompt_tokens: int, output_tokens: int, wall: float, 
             "TPOT p50 ms": 1e3 * percentile(tpot, 50)}
 
 
-def hf_generate(folder, prompts: list[list[int]], max_tokens: list[int], eos: int, batch_size: int,
+def hf_generate(folder, prompts: list[list[int]], max_tokens: list[int], eos: list[int], batch_size: int,
                 dtype: torch.dtype, temperature: float = 0.0, top_p: float = 1.0) -> Row:
     from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
     from transformers.utils import logging
@@ -48,17 +48,18 @@ def hf_generate(folder, prompts: list[list[int]], max_tokens: list[int], eos: in
     for b in range(0, len(prompts), batch_size):
         batch = prompts[b:b + batch_size]
         width = max(map(len, batch))
-        ids = torch.tensor([[eos] * (width - len(p)) + p for p in batch])
+        ids = torch.tensor([[eos[0]] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         limit = max(max_tokens[b:b + batch_size])
         times: list[float] = []
         with torch.inference_mode():
             gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=limit, eos_token_id=eos,
-                                 pad_token_id=eos, **hf_sampling(temperature, top_p),
+                                 pad_token_id=eos[0], **hf_sampling(temperature, top_p),
                                  stopping_criteria=StoppingCriteriaList([StepClock()]))
         steps += len(times)
         for i, seq in enumerate(gen[:, width:].tolist()):
-            n = min(max_tokens[b + i], seq.index(eos) + 1 if eos in seq else len(seq))
+            ends = [j for j, t in enumerate(seq) if t in eos]  # the first of any EOS id ends the request
+            n = min(max_tokens[b + i], ends[0] + 1 if ends else len(seq))
             out_tokens += n
             ttft.append(times[0] - start)
             if n > 1:

@@ -131,7 +131,7 @@ def main(argv=None) -> dict:
                     for p, r in at.items()}
     notes += [f"{name}: {peers.agreement(r.pop('tokens'), first_tokens)}" for name, r in peer_columns.items()
               if "tokens" in r and first_tokens is not None]
-    base, base_notes = peers.run_baselines(args, ids, params, console)
+    base, base_notes = peers.run_baselines(args, ids, params, work.eos, console)
     notes += base_notes
     first = next(iter(rows.values()))["output tok/s"]
     columns = {**rows, **peer_columns, **{b["engine"]: b for b in base.values()}}

@@ -147,13 +147,13 @@ def agreement(tokens: list[list[int]], reference: list[list[int]]) -> str:
     return f"{same} of {len(reference)} requests give the first stage's tokens{tail}"
 
 
-def run_baselines(args, ids, params, console) -> tuple[dict, list[str]]:
+def run_baselines(args, ids, params, eos: list[int], console) -> tuple[dict, list[str]]:
     base, notes = {}, []
     limits = [p.max_tokens for p in params]
     if not args.no_hf and not all(p.ignore_eos for p in params):
         best = None
         for bs in map(int, args.hf_batch_sizes.split(",")):
-            r = baselines.hf_generate(resolve_model(args.model), ids, limits, 2, bs, getattr(torch, args.dtype),
+            r = baselines.hf_generate(resolve_model(args.model), ids, limits, eos, bs, getattr(torch, args.dtype),
                                       args.temperature, args.top_p)
             console.print(f"{r['engine']}: {r['output tok/s']:.1f} output tok/s")
             best = r if best is None or r["output tok/s"] > best["output tok/s"] else best
