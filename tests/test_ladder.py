@@ -2,28 +2,17 @@
 count tokens like the stages."""
 import importlib
 import json
-from collections import deque
 
 import pytest
 
 from common import ReferenceLLM, SamplingParams
 from common.tools import workloads
+from workloads import continuous_steps  # tests/workloads.py, not common.tools'
 from stages.cli import STAGE_NAMES, make_llm
 from common.prepare import resolve_model
 
 ladder = importlib.import_module("stages.__main__")
 runs = importlib.import_module("stages.bench.runs")  # where the ladder builds each stage's engine
-
-
-def continuous_steps(lengths: list[int], slots: int) -> int:
-    """Steps for requests of these output lengths when a slot is refilled as soon as it frees (stages 02-05)."""
-    waiting, running, steps = deque(lengths), [], 0
-    while waiting or running:
-        while waiting and len(running) < slots:
-            running.append(waiting.popleft())
-        running = [n - 1 for n in running if n > 1]
-        steps += 1
-    return steps
 
 
 def test_ladder_figures_are_the_engines_counters(tmp_path, monkeypatch, capsys):

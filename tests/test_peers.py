@@ -4,28 +4,17 @@ import copy
 import importlib
 import json
 import sys
-from collections import deque
 
 import pytest
 
 from common import ReferenceLLM
 from common.tools import workloads
+from workloads import continuous_steps  # tests/workloads.py, not common.tools'
 from stages.bench import peers, verdict
 
 ladder = importlib.import_module("stages.__main__")
 ARGS = ["--model", "tiny", "--workload", "random", "--num-requests", "6", "--max-tokens", "12", "--prompt-range",
         "4,40", "--max-num-seqs", "4", "--stages", "01,03", "--no-plain", "--no-llama-cpp"]
-
-
-def continuous_steps(lengths: list[int], slots: int) -> int:
-    """Steps for requests of these output lengths when a slot is refilled as soon as it frees."""
-    waiting, running, steps = deque(lengths), [], 0
-    while waiting or running:
-        while waiting and len(running) < slots:
-            running.append(waiting.popleft())
-        running = [n - 1 for n in running if n > 1]
-        steps += 1
-    return steps
 
 
 def stage_rows(*rates, plain=None):

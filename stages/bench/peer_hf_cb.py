@@ -27,7 +27,7 @@ def cache_blocks(prompts: list[list[int]], max_tokens: list[int], max_num_seqs: 
     return math.ceil(max_num_seqs * per_request / 0.85) + 1
 
 
-def hf_continuous(folder, prompts: list[list[int]], max_tokens: list[int], eos: int | list[int], max_num_seqs: int,
+def hf_continuous(folder, prompts: list[list[int]], max_tokens: list[int], eos: list[int], max_num_seqs: int,
                   dtype: torch.dtype, max_batch_tokens: int = 512) -> Row:
     """The ladder's row for HF continuous batching (with the tokens, to compare): every request arrives at the
     start; TTFT and TPOT from the per-token timestamps transformers records."""
@@ -35,7 +35,7 @@ def hf_continuous(folder, prompts: list[list[int]], max_tokens: list[int], eos: 
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    eos_ids = [eos] if isinstance(eos, int) else list(eos)
+    eos_ids = list(eos) or [-1]  # [] where the workload ignores EOS: an id no token has
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
     config = GenerationConfig(do_sample=False, max_new_tokens=max(max_tokens), eos_token_id=eos_ids,
                               pad_token_id=eos_ids[0])

@@ -84,7 +84,7 @@ def batched(peer: str, work: Workload, max_num_seqs: int) -> baselines.Row:
         from . import peer_llama_cpp
         return peer_llama_cpp.batched(smollm2_gguf_path(), work.ids, work.max_tokens, work.eos, max_num_seqs)
     from . import peer_hf_cb
-    return peer_hf_cb.hf_continuous(work.folder, work.ids, work.max_tokens, work.eos or [-1], max_num_seqs,
+    return peer_hf_cb.hf_continuous(work.folder, work.ids, work.max_tokens, work.eos, max_num_seqs,
                                     getattr(torch, work.dtype), work.max_batch_tokens)
 
 
