@@ -1,38 +1,113 @@
-"""What every stage's engine shares: the result of one step, and the bookkeeping after it.
+"""What every stage's engine shares: its interface, what one step did, and the bookkeeping after it.
 
-An engine is built from parts (a scheduler, a KV cache, a `ModelRunner`) and its `step()`
-reads schedule -> run -> postprocess. The `LLM` front end (common/llm.py) only needs
-``add``, ``has_work``, ``step`` and a few gauges, so every stage plugs into the same
-``generate``.
+An engine is built from parts (a scheduler, a KV cache, a `ModelRunner`) and its `step()` reads
+schedule -> run -> postprocess. The `LLM` front end (common/llm.py) talks to it through the `Engine`
+protocol alone, so every stage plugs into the same ``generate`` and the same observers.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from common.sampler import Logprob
 from common.sequence import Sequence
 
 
 @dataclass
+class SeqOutput:
+    """What the runner computed for one sequence in one step. It changes no sequence: ``advance`` applies it."""
+    tokens: list[int] = field(default_factory=list)  # sampled, in position order (empty: a prompt chunk)
+    logprobs: list[Logprob] | None = None  # one per token, with SamplingParams.logprobs
+    prompt_logprobs: list[Logprob] = field(default_factory=list)  # prompt positions this step scored, in order
+    drafted: int = 0  # draft tokens the step fed after the sequence's own (speculative decoding)
+    kept: int = 0  # tokens `advance` kept (a stop cuts the run)
+    accepted: int = 0  # of the drafts, those kept
+
+
+@dataclass
 class StepResult:
-    """What one engine step did, for whoever observes the engine (statistics, timelines, streams)."""
+    """What one engine step did: the front end turns it into a `StepEvent` for the observers."""
     seqs: list[Sequence]  # the sequences that ran, in the step's order
-    lens: list[int]  # tokens each fed
+    lens: list[int]  # tokens each fed (draft tokens included)
     starts: list[int]  # position of the first token each fed
-    tokens: list[int | None]  # the token each sampled (None: a prompt chunk that completes nothing)
+    outputs: list[SeqOutput]  # what the runner sampled for each
     slots: list[int | None] = field(default_factory=list)  # the batch slot each ran in (stages 01-02)
-    preempted: int = 0  # requests preempted to make room (stage 03 on)
-    prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache (stage 03 on)
-    prefix_query_tokens: int = 0  # prompt tokens looked up in it
+    admitted: list[int] = field(default_factory=list)  # seq_ids that started (or restarted) running this step
+    preempted: list[int] = field(default_factory=list)  # seq_ids evicted to make room (stage 03 on)
+    prefix_hits: dict[int, int] = field(default_factory=dict)  # seq_id -> prompt tokens found in the prefix cache
+    prefix_query_tokens: int = 0  # prompt tokens looked up in it this step
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (source, destination) blocks
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        return sum(self.prefix_hits.values())
 
 
-def advance(seq: Sequence, fed: int, token: int | None) -> bool:
-    """After a step: ``fed`` more of ``seq``'s tokens are in the KV cache and ``token`` (if any) was sampled for
-    it. Records the token and finishes the request when it is done; returns whether it finished. Every
-    scheduler's ``postprocess`` calls this, then frees what a finished request held."""
-    seq.num_cached_tokens += fed
-    if token is not None:
-        seq.append_token(token)
+@dataclass
+class BlockState:
+    """The paged KV pool after a step (stage 03 on)."""
+    num_blocks: int
+    block_size: int
+    num_free: int  # blocks nobody holds (cached ones among them)
+    tables: dict[int, list[int]]  # seq_id -> its block table, for every sequence holding blocks
+    cached: list[int]  # free blocks that still hold a prefix another request can revive
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+
+@dataclass
+class EngineState:
+    """The engine's gauges right after a step: what the observers read besides the step itself."""
+    num_slots: int  # batch slots (stages 01-02) or the most sequences in flight
+    num_in_step: int  # sequences in flight during the step (the ones it finished included)
+    num_running: int  # sequences in flight after it
+    num_waiting: int
+    kv_bytes_reserved: int  # KV memory set aside
+    kv_bytes_used: int  # KV memory holding tokens
+    blocks: BlockState | None = None
+
+
+class Engine(Protocol):
+    """What the front end needs of a stage's engine."""
+    model_class: type
+
+    def check(self, seq: Sequence) -> None:
+        """Raise `InvalidParam` for a request this engine can never run."""
+
+    def add(self, seq: Sequence) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> StepResult: ...
+
+    def state(self) -> EngineState: ...
+
+    def release(self) -> None:
+        """Drop every request and what it holds (after an error, or at the end of a run)."""
+
+
+def advance(seq: Sequence, fed: int, out: SeqOutput) -> int:
+    """After a step: apply one sequence's output, token by token, as one-at-a-time decoding would.
+
+    Each token is recorded and the stop rules checked at once, so a stop string, EOS, ``max_tokens`` or a finished
+    structure ends the request at the exact token where it would have, and the rest of the run is dropped. The KV
+    cache now holds the tokens fed, less the draft tokens not kept (their slots are the caller's to give back).
+    Returns how many tokens were kept (also recorded in ``out``)."""
+    seq.prompt_logprobs.extend(out.prompt_logprobs)
+    kept = 0
+    for i, token in enumerate(out.tokens):
+        seq.append_token(token, out.logprobs[i] if out.logprobs is not None else None)
+        kept += 1
         reason = seq.stop_reason()
         if reason is not None:
             seq.finish(reason)
-    return seq.is_finished
+            break
+    # The drafts kept are those the kept run repeats; the token after them (a correction or a bonus) is not cached.
+    drafts = seq.spec_token_ids[:out.drafted]
+    agreed = next((i for i, (d, t) in enumerate(zip(drafts, out.tokens)) if d != t), min(len(drafts), kept))
+    out.kept, out.accepted = kept, min(kept, agreed)
+    seq.num_cached_tokens += fed - out.drafted + out.accepted
+    seq.spec_token_ids = []
+    return kept

@@ -2,7 +2,9 @@
 
 A stage names its engine (``engine_class``); the engine is built from parts and its
 ``step()`` reads schedule -> run -> postprocess. ``generate`` submits the requests and steps
-the engine until it has no work, and the statistics observe every step.
+the engine until it has no work; after every step each observer gets the step's `StepEvent`
+(the statistics and the progress bar always; a block audit, a recording or a server's metrics
+when attached with ``add_observer``).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from common.loader import load_model, parse_dtype, resolve_device
 from common.paths import DEFAULT_MODEL
 from common.sampling import SamplingParams
 from common.sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence
-from common.engine import StepResult
+from common.events import Observer, StepEvent, make_event
+from common.processors import LogitsProcessor, build_processors
 from common.stats import EngineStats
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
 from common.validate import InvalidParam, check_int, check_text, clip
@@ -26,7 +29,8 @@ Prompt = str | list[int]
 
 
 class LLM:
-    engine_class: type  # each stage's engine: built from (model, max_model_len, max_num_seqs, **engine_options)
+    engine_class: type  # each stage's engine (common.engine.Engine): built from (model, max_model_len, max_num_seqs,
+    # **engine_options)
 
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0,
@@ -70,7 +74,18 @@ class LLM:
                                         **engine_options)
         self.stats = EngineStats()
         self.progress: Progress | None = None
+        self.observers: list[Observer] = []  # attached with add_observer; they see every step of every run
+        self.num_steps = 0  # steps this LLM has run, across runs
+        self.started = time.perf_counter()  # the time axis of the step events
         torch.manual_seed(seed)
+
+    def add_observer(self, observer: Observer) -> Observer:
+        """Attach ``observer``: after every step its ``on_step(event)`` is called (in the stepping thread)."""
+        self.observers.append(observer)
+        return observer
+
+    def remove_observer(self, observer: Observer) -> None:
+        self.observers.remove(observer)
 
     # ---- requests -------------------------------------------------------------------
     def make_sequence(self, prompt: Prompt, params: SamplingParams | dict | None) -> Sequence:
@@ -95,11 +110,26 @@ class LLM:
             raise InvalidParam("prompt", f"the prompt has {len(ids)} tokens but max_model_len is "
                                          f"{self.max_model_len}{window}: shorten it to at most "
                                          f"{self.max_model_len - 1} tokens")
-        seq = Sequence(ids, params, self.config.eos_token_ids or self.config.eos_token_id, self.device, prompt=text)
+        eos = self.config.eos_token_ids or self.config.eos_token_id
+        seq = Sequence(ids, params, eos, self.device, prompt=text)
+        seq.processors = self.make_processors(params, seq)
         seq.max_len = self.max_model_len
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self.engine.check(seq)  # what this engine cannot run (a prompt larger than its KV pool, say)
         return seq
+
+    def make_processors(self, params: SamplingParams, seq: Sequence) -> list[LogitsProcessor]:
+        """A request's logits processors, in order: the built-in rules of its parameters (a stage may add its own,
+        as stage 07 adds a grammar's). Each sample of n > 1 gets its own, so their states stay apart."""
+        words = [self.bad_word_ids(w) for w in params.bad_words or []]
+        return build_processors(params, seq.prompt_token_ids, seq.eos_token_ids, [ids for w in words for ids in w])
+
+    def bad_word_ids(self, word: str) -> list[list[int]]:
+        """vLLM's bad_words rule: the word's tokens as it would begin the text, and as a later word (after a space)
+        where that gives another first token and as many tokens."""
+        alone = self.tokenizer.encode(word.lstrip())
+        spaced = self.tokenizer.encode(" " + word.lstrip())
+        return [alone] + ([spaced] if spaced[0] != alone[0] and len(spaced) == len(alone) else [])
 
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params=None,
                  progress: bool = False) -> list[RequestOutput]:
@@ -171,20 +201,28 @@ class LLM:
         return self.stats.timeline
 
     def _run(self, seqs: list[Sequence]) -> None:
-        """Submit every request, then step the engine until it has no work (stage 05 steps it through streams)."""
+        """Submit every request, then step the engine until it has no work (stage 05 steps it through its loop)."""
         for seq in seqs:
             self.engine.add(seq)
         try:
             while self.engine.has_work():
-                self.observe(self.engine.step())
+                self.step()
         finally:  # an exception must not leave requests holding KV memory into the next call
             self.engine.release()
 
-    def observe(self, step: StepResult) -> None:
-        """What watches every step: the statistics and the progress bar."""
-        self.stats.observe(step, self.engine)
+    def step(self) -> StepEvent:
+        """One engine step; then every observer sees what it did."""
+        start = time.perf_counter()
+        result = self.engine.step()
+        end = time.perf_counter()
+        event = make_event(result, self.num_steps, start - self.started, end - start, self.engine.state())
+        self.num_steps += 1
+        self.stats.on_step(event)
         if self.progress is not None:
-            self.progress.advance(self._task, sum(t is not None for t in step.tokens))
+            self.progress.advance(self._task, event.kept_tokens)
+        for observer in self.observers:
+            observer.on_step(event)
+        return event
 
     def _progress(self, enabled: bool, total: int):
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from common.engine import StepResult, advance
+from common.engine import EngineState, StepResult, advance
 from common.kv_cache import ContiguousKVCache
 from common.llm import LLM
 from common.model import Llama
@@ -25,7 +25,6 @@ class ReferenceEngine:
         self.waiting: deque[Sequence] = deque()
         self.current: Sequence | None = None
         self.cache: ContiguousKVCache | None = None
-        self.num_slots = self.num_running = 1
 
     def check(self, seq: Sequence) -> None:
         pass  # anything the front end accepts fits a cache of its own
@@ -37,8 +36,10 @@ class ReferenceEngine:
         return self.current is not None or bool(self.waiting)
 
     def step(self) -> StepResult:
+        admitted = []
         if self.current is None:  # schedule: the next request, in its own cache
             seq = self.current = self.waiting.popleft()
+            admitted = [seq.seq_id]
             seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, time.perf_counter()
             max_len = min(len(seq) + seq.params.max_tokens, self.max_model_len)
             self.cache = ContiguousKVCache(self.model.config, 1, max_len, self.model.dtype, self.model.device,
@@ -46,10 +47,15 @@ class ReferenceEngine:
         seq = self.current
         n, start = seq.num_new_tokens, seq.num_cached_tokens  # the whole prompt first, then one token per step
         self.cache.prepare([0], [n], [len(seq)])  # run
-        tokens = self.runner.run([seq], [n], self.cache)
-        if advance(seq, n, tokens[0]):  # postprocess
+        outputs = self.runner.run([seq], [n], self.cache)
+        advance(seq, n, outputs[0])  # postprocess
+        if seq.is_finished:
             self.current = None
-        return StepResult([seq], [n], [start], tokens, slots=[0])
+        return StepResult([seq], [n], [start], outputs, slots=[0], admitted=admitted)
+
+    def state(self) -> EngineState:
+        return EngineState(1, 1, int(self.current is not None), len(self.waiting), self.kv_bytes_reserved(),
+                           self.kv_bytes_used())
 
     def release(self) -> None:
         self.waiting.clear()

@@ -1,66 +1,92 @@
-"""ModelRunner: run one flattened step (any mix of prefills and decodes) and sample.
+"""ModelRunner: run one flattened step (any mix of prefills, decodes and draft verifications) and sample.
 
-The caller first tells its KV cache what the step holds (``cache.prepare``); the runner
-builds the flattened token ids and positions, runs the model, keeps each sequence's last
-hidden row and samples one token per sequence whose tokens are then all in the cache. It
-changes no sequence (but for handing over a token's log-probabilities, when asked for): the
-scheduler's ``postprocess`` records what the step did.
+The caller first tells its KV cache what the step holds (``cache.prepare``); the runner builds the
+flattened token ids and positions, runs the model, and samples for every sequence whose tokens are then
+all in the cache: one row for a plain decode, one row per fed draft token plus one for speculative
+decoding. It changes no sequence: it returns a `SeqOutput` per sequence, which ``advance`` applies.
 """
 from __future__ import annotations
 
 import torch
 
+from common.engine import SeqOutput
 from common.model import AttentionBackend, Llama
-from common.sampling import process_logits, sample_batch, token_logprobs
+from common.processors import apply_processors
+from common.sampler import greedy_tokens, sample, token_logprobs
 from common.sequence import Sequence
 
 
 class ModelRunner:
+    # vLLM's logprobs_mode: "raw_logprobs" (the model's distribution) or "processed_logprobs" (after the
+    # request's logits processors, the distribution it was sampled from before temperature).
+    logprobs_mode = "raw_logprobs"
+
     def __init__(self, model: Llama):
         self.model = model
 
-    def run(self, seqs: list[Sequence], query_lens: list[int], cache: AttentionBackend) -> list[int | None]:
-        """Feed each sequence its next ``query_lens[i]`` uncached tokens; sample for those that reach their end.
-
-        A sequence fed only a chunk of its prompt (chunked prefill, stage 03) gets ``None``: its
-        next chunk comes in a later step."""
-        ids, positions, last, done, first_rows = [], [], [], [], []
+    def run(self, seqs: list[Sequence], query_lens: list[int], cache: AttentionBackend) -> list[SeqOutput]:
+        """Feed each sequence its next ``query_lens[i]`` tokens (its own, then any draft tokens); sample for those
+        whose fed tokens reach their end. A sequence fed only a chunk of its prompt (chunked prefill, stage 03)
+        gets no token: its next chunk comes in a later step."""
+        ids, positions, first_rows, sampled = [], [], [], []  # sampled: (sequence index, its first sampled row)
+        outputs = [SeqOutput() for _ in seqs]
         for i, (seq, n) in enumerate(zip(seqs, query_lens)):
-            start = seq.num_cached_tokens
+            start, end = seq.num_cached_tokens, len(seq) + len(seq.spec_token_ids)
             first_rows.append(len(ids))
-            ids.extend(seq.token_ids[start:start + n])
+            ids.extend(seq.feed_ids(n))
             positions.extend(range(start, start + n))
-            if start + n == len(seq):
-                last.append(len(ids) - 1)
-                done.append(i)
+            if start + n == end:
+                outputs[i].drafted = len(seq.spec_token_ids)
+                sampled.append((i, len(ids) - 1 - outputs[i].drafted))
+            elif seq.spec_token_ids:
+                raise ValueError(f"sequence {seq.seq_id}: its draft tokens must be fed in the step that verifies them")
         dev = self.model.device
         hidden = self.model.forward(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), cache)
-        tokens: list[int | None] = [None] * len(seqs)
-        for seq, n, row in zip(seqs, query_lens, first_rows):
+        for seq, n, row, out in zip(seqs, query_lens, first_rows, outputs):
             if seq.params.prompt_logprobs is not None:
-                self.score_prompt(seq, n, hidden, row)
-        if done:
-            logits = raw = self.model.compute_logits(hidden[torch.tensor(last, device=dev)])
-            if any(seqs[i].params.adjusts_logits for i in done):  # penalties and constraints, row by row
-                logits = torch.stack([process_logits(row, s.params, s.prompt_token_ids, s.output_token_ids,
-                                                     s.eos_token_id) if s.params.adjusts_logits else row
-                                      for row, s in zip(logits, (seqs[i] for i in done))])
-            sampled = sample_batch(logits, [seqs[i].params for i in done], [seqs[i].generator for i in done])
-            for row, (i, token) in enumerate(zip(done, sampled)):
-                tokens[i] = token
-                if seqs[i].params.logprobs is not None:  # handed over with the token: append_token records it
-                    seqs[i].next_logprobs = token_logprobs(raw[row], token, seqs[i].params.logprobs)
-        return tokens
+                out.prompt_logprobs = self.score_prompt(seq, n, hidden, row)
+        if sampled:
+            rows = [r + j for i, r in sampled for j in range(outputs[i].drafted + 1)]
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=dev)])
+            plain = [not seqs[i].processors and seqs[i].params.greedy for i, _ in sampled]
+            argmax = greedy_tokens(logits) if any(plain) else None  # one vectorized argmax for the plain greedy rows
+            at = 0
+            for (i, _), fast in zip(sampled, plain):
+                k = outputs[i].drafted + 1
+                self.sample_run(seqs[i], logits[at:at + k], argmax[at:at + k] if fast else None, outputs[i])
+                at += k
+        return outputs
 
-    def score_prompt(self, seq: Sequence, n: int, hidden: torch.Tensor, first_row: int) -> None:
+    def sample_run(self, seq: Sequence, logits: torch.Tensor, argmax: list[int] | None, out: SeqOutput) -> None:
+        """Sample ``seq``'s rows in position order; row i assumes the first i draft tokens were kept, so its
+        processors see that history and its draw is the sequence's next. The run stops after the first token
+        that differs from the draft fed after it (or after the last row): the rows beyond assumed a token that
+        was not chosen (exact-match verification: the kept tokens are those one-at-a-time decoding gives)."""
+        drafts, p = seq.spec_token_ids[:out.drafted], seq.params
+        for i, row in enumerate(logits):
+            processed = apply_processors(seq.processors, row, seq.output_token_ids + out.tokens)
+            token = argmax[i] if argmax is not None else sample(processed, p, seq.generator)
+            out.tokens.append(token)
+            if p.logprobs is not None:
+                source = processed if self.logprobs_mode == "processed_logprobs" else row
+                out.logprobs = (out.logprobs or []) + [token_logprobs(source, token, p.logprobs)]
+            if i == len(drafts) or token != drafts[i]:
+                break
+            for rule in seq.processors:  # tentatively, for the next row; taken back below
+                rule.accept(token)
+        if len(out.tokens) > 1:
+            for rule in seq.processors:
+                rule.rollback(len(out.tokens) - 1)
+
+    def score_prompt(self, seq: Sequence, n: int, hidden: torch.Tensor, first_row: int) -> list:
         """vLLM's prompt_logprobs: each prompt token's log-probability given the tokens before it, from the rows
         this step fed (a chunk of the prompt, or all of it); the scheduler shares no cached block with such a
-        request, so every row is computed. Recorded once per token, even when a preempted request recomputes."""
+        request, so every row is computed. Scored once per token, even when a preempted request recomputes."""
         start, end = max(seq.num_cached_tokens, len(seq.prompt_logprobs) - 1), min(seq.num_cached_tokens + n,
                                                                                    seq.num_prompt_tokens - 1)
         if start >= end:
-            return
+            return []
         rows = torch.arange(start, end, device=hidden.device) - seq.num_cached_tokens + first_row
         logits = self.model.compute_logits(hidden[rows])
-        for row, p in zip(logits, range(start, end)):
-            seq.prompt_logprobs.append(token_logprobs(row, seq.prompt_token_ids[p + 1], seq.params.prompt_logprobs))
+        return [token_logprobs(row, seq.prompt_token_ids[p + 1], seq.params.prompt_logprobs)
+                for row, p in zip(logits, range(start, end))]

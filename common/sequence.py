@@ -8,7 +8,8 @@ from enum import Enum
 
 import torch
 
-from common.sampling import SamplingParams, make_generator
+from common.sampler import Logprob, make_generator
+from common.sampling import SamplingParams
 
 _ids = itertools.count()
 
@@ -84,7 +85,7 @@ class Sequence:
     """A request as the engine sees it: its prompt, the tokens sampled so far, and how many are cached."""
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, eos_token_id: int | tuple[int, ...],
-                 device: torch.device, prompt: str | None = None):
+                 device: torch.device, prompt: str | None = None, processors: list | None = None):
         self.seq_id = next(_ids)
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -104,14 +105,24 @@ class Sequence:
         self.detokenizer = None  # common.tokenizer.IncrementalDetokenizer, attached by the LLM front end
         self.group: list[Sequence] = [self]  # the n samples of its request (SamplingParams.n), itself among them
         self.sample_index = 0  # its place among them: its seed is the request's + sample_index
-        self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # per output token, with params.logprobs
-        self.next_logprobs = None  # the next token's, handed over by the ModelRunner
+        self.logprobs: list[Logprob] = []  # per output token, with params.logprobs
         self.prompt_logprobs: list = [None]  # with params.prompt_logprobs, per prompt token (the first has none)
+        # Its logits processors (common/processors.py), in order; their state follows the tokens it keeps.
+        self.processors: list = list(processors or [])
+        # Draft tokens to feed after its own at the next step (speculative decoding); cleared by `advance`.
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_new_tokens(self) -> int:
-        """Tokens the next step must feed: the whole prompt at first, then the last sampled token."""
-        return len(self) - self.num_cached_tokens
+        """Tokens the next step must feed: the whole prompt at first, then the last sampled token (and the drafts
+        to verify after it, if any)."""
+        return len(self) + len(self.spec_token_ids) - self.num_cached_tokens
+
+    def feed_ids(self, n: int) -> list[int]:
+        """The next ``n`` tokens to feed: its own uncached tokens, then its draft tokens."""
+        start = self.num_cached_tokens
+        own = self.token_ids[start:start + n]
+        return own + self.spec_token_ids[:n - len(own)]
 
     @property
     def token_ids(self) -> list[int]:
@@ -128,13 +139,14 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def append_token(self, token_id: int) -> None:
-        """Record a sampled token, its time and its text."""
+    def append_token(self, token_id: int, logprobs: Logprob | None = None) -> None:
+        """Record a kept token, its log-probabilities, its time and its text; its processors move past it."""
         now = time.perf_counter()
         self.output_token_ids.append(token_id)
-        if self.next_logprobs is not None:
-            self.logprobs.append(self.next_logprobs)
-            self.next_logprobs = None
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
+        for rule in self.processors:
+            rule.accept(token_id)
         self.metrics.token_times.append(now)
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
@@ -152,6 +164,8 @@ class Sequence:
         if p.stop and any(s in self.output_text for s in p.stop):  # a stop string may span tokens
             return "stop"
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if any(rule.is_terminated() for rule in self.processors):  # a structure is complete (stage 07)
             return "stop"
         if len(self.output_token_ids) >= p.max_tokens or (self.max_len and len(self) >= self.max_len):
             return "length"

@@ -1,10 +1,12 @@
-"""The five stages, each under a Python name, so one stage can build on another with a plain import:
+"""The stages, each under a Python name, so one stage can build on another with a plain import:
 
     from stages import static_batch      # stages/01_static_batch/
     from stages import continuous_batch  # stages/02_continuous_batch/
     from stages import paged_kv          # stages/03_paged_kv/
     from stages import kernels           # stages/04_kernels/
     from stages import streaming         # stages/05_streaming/
+    from stages import speculative       # stages/06_speculative/
+    from stages import structured        # stages/07_structured/
 
 A folder's number keeps the lesson order (``python -m stages.03_paged_kv``), but a name that begins
 with a digit cannot be imported with ``import``; this registry maps each name to its folder and
@@ -21,6 +23,8 @@ STAGES = {
     "paged_kv": "stages.03_paged_kv",
     "kernels": "stages.04_kernels",
     "streaming": "stages.05_streaming",
+    "speculative": "stages.06_speculative",
+    "structured": "stages.07_structured",
 }
 __all__ = list(STAGES)
 

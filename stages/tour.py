@@ -85,18 +85,18 @@ def cache(console: Console, model: str, prompt: list[int]) -> tuple[dict, object
                         [["article 13B, 46 GB", out["article reserving"], out["article paged"]],
                          [f"{model}, 10% of this machine's free RAM ({budget / 1e9:.1f} GB)", out["smollm2 reserving"],
                           out["smollm2 paged"]]]))
-    growth, engine = [], llm.engine
+    growth = []
 
-    def observe(step):
-        type(llm).observe(llm, step)
-        for seq in step.seqs:
-            table_now = list(engine.block_manager.table(seq))
-            if not seq.is_finished and (not growth or growth[-1][1] != table_now):
-                growth.append((seq.num_cached_tokens, table_now))
+    class Growth:  # an observer: the block table after each step that changed it
+        def on_step(self, event):
+            for s in event.seqs:
+                table_now = event.state.blocks.tables.get(s.seq_id, [])
+                if s.finish_reason is None and (not growth or growth[-1][1] != table_now):
+                    growth.append((s.start + s.fed, list(table_now)))
 
-    llm.observe = observe
+    watcher = llm.add_observer(Growth())
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
-    del llm.observe  # the class's again
+    llm.remove_observer(watcher)
     for tokens, blocks in growth:
         console.print(f"  {tokens:>4} tokens computed -> block table {blocks}")
     out["block table growth"] = growth

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from common import ReferenceLLM, SamplingParams, Sequence
-from common.sampling import process_logits, sample_batch
+from common.processors import apply_processors, build_processors
+from common.sampler import sample_batch
 from test_block_manager import BLOCK_SIZE, NUM_BLOCKS, BlockManagerMachine
 from workloads import TINY_VOCAB, checked_steps, examples, sampling_params
 
@@ -117,7 +118,7 @@ def test_aborting_one_sample_or_all_leaves_no_block(reference):
         for _ in range(4):
             llm.run_step()
         llm.abort(streams[1].request_id)  # one sample goes; its siblings run on to the reference's tokens
-        got = [[t for c in s for t in c.token_ids] for s in (streams[0], streams[2])]
+        got = [[t for c in llm.read(s) for t in c.token_ids] for s in (streams[0], streams[2])]
         expect = expected_samples(reference, prompt, params)
         assert got == [expect[0], expect[2]] and streams[1].seq.finish_reason == "abort"
         assert llm.engine.block_manager.num_used_blocks == 0
@@ -179,7 +180,7 @@ TestForkingBlockManager = ForkingMachine.TestCase
 
 
 def penalized_by_hand(logits, p, prompt, output, eos):
-    """vLLM's definitions, one token at a time in plain Python: the oracle for `process_logits`."""
+    """vLLM's definitions, one token at a time in plain Python: the oracle for the built-in logits processors."""
     out = [float(x) for x in logits]
     for t, b in (p.logit_bias or {}).items():
         out[t] += b
@@ -206,7 +207,8 @@ def test_penalties_are_vllms_arithmetic_row_by_row(p, seed, rows, data):
     p.stop_token_ids = [t for t in p.stop_token_ids if t < vocab]
     histories = [(data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=8)),
                   data.draw(st.lists(st.integers(0, vocab - 1), max_size=8))) for _ in range(rows)]
-    adjusted = torch.stack([process_logits(logits[i], p, *histories[i], 2) for i in range(rows)])
+    adjusted = torch.stack([apply_processors(build_processors(p, histories[i][0], frozenset([2])), logits[i],
+                                             histories[i][1]) for i in range(rows)])
     for i in range(rows):
         torch.testing.assert_close(adjusted[i], penalized_by_hand(logits[i], p, *histories[i], 2), rtol=1e-6,
                                    atol=1e-5)

@@ -2,7 +2,8 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from common.sampling import SamplingParams, greedy_tokens, make_generator, nucleus, sample, sample_batch
+from common.sampler import greedy_tokens, make_generator, nucleus, sample, sample_batch
+from common.sampling import SamplingParams
 
 
 @pytest.mark.parametrize("kwargs,field", [

@@ -250,7 +250,7 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
     """Three requests, two slots: the engine is held after a step with two running and one waiting, and every
     gauge is checked against what that state must give (block counts from the token counts)."""
     llm = streaming.LLM("tiny", max_num_seqs=2, block_size=16)
-    held, release, run_step = threading.Event(), threading.Event(), llm.run_step
+    held, release, run_step = threading.Event(), threading.Event(), llm.loop.run_step
 
     def step_then_hold():  # after the step is published: the gauges describe this state
         batch = run_step()
@@ -261,7 +261,7 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
             release.wait(60)
         return batch
 
-    llm.run_step = step_then_hold
+    llm.loop.run_step = step_then_hold
     prompts = [list(range(start, start + n)) for start, n in ((100, 20), (300, 35), (500, 50))]  # nothing shared
     # Long enough that the third request arrives while the first two still run, however slowly clients start.
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=120, ignore_eos=True)

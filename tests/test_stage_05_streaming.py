@@ -165,13 +165,13 @@ def test_a_reader_that_stops_aborts_its_request_and_frees_its_blocks(reference, 
     it = llm.stream([5] * 40, long)
     got = [next(it) for _ in range(3)]
     assert all(c.finish_reason is None for c in got)
-    aborted = llm._streams[next(r for r, s in llm._streams.items() if s.seq.num_prompt_tokens == 40)].seq
+    aborted = llm.loop.streams[next(r for r, s in llm.loop.streams.items() if s.seq.num_prompt_tokens == 40)].seq
     aborts_before = llm.metrics.finished.get("abort", 0)
     it.close()  # the client goes away
     llm.run_step()  # the next step applies the abort: the request is gone, its blocks are back
     assert aborted.finish_reason == "abort" and aborted not in llm.engine.scheduler.running
     assert not llm.engine.block_manager.table(aborted) and llm.metrics.finished.get("abort", 0) == aborts_before + 1
-    other_chunks = list(other)  # reading the other request steps the engine on
+    other_chunks = list(llm.read(other))  # reading the other request steps the engine on
     assert [t for c in other_chunks for t in c.token_ids] == reference.generate([[9, 8, 7]], other_params)[0].token_ids
     # The long request was aborted (not run to its 400 tokens); the other ran to its length; every block is back.
     assert llm.metrics.finished.get("abort", 0) == finished.get("abort", 0) + 1
@@ -190,9 +190,9 @@ def test_a_request_aborted_while_queued_never_runs(reference):
         llm.abort(queued.request_id)  # the client gives up while its request waits for a slot
         llm.run_step()
         assert queued.done.is_set()
-        chunks = list(queued)
+        chunks = list(llm.read(queued))
         assert chunks[-1].finish_reason == "abort" and not any(c.token_ids for c in chunks)
-        assert [t for c in first for t in c.token_ids] == reference.generate([[9, 8, 7]], long)[0].token_ids
+        assert [t for c in llm.read(first) for t in c.token_ids] == reference.generate([[9, 8, 7]], long)[0].token_ids
         assert llm.metrics.finished == {"abort": 1, "length": 1}
     finally:
         llm.shutdown()
@@ -261,7 +261,7 @@ def test_concurrent_readers_step_the_engine_one_at_a_time(reference):
     llm = streaming.LLM("tiny", max_num_seqs=4)
     barrier, outputs = threading.Barrier(8), [None] * 8
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    inside, overlaps, step = [0], [0], llm.run_step
+    inside, overlaps, step = [0], [0], llm.loop.run_step
 
     def watched_step():
         inside[0] += 1
@@ -272,7 +272,7 @@ def test_concurrent_readers_step_the_engine_one_at_a_time(reference):
         finally:
             inside[0] -= 1
 
-    llm.run_step = watched_step
+    llm.loop.run_step = watched_step
 
     def client(i):
         barrier.wait()
@@ -367,8 +367,8 @@ def test_shutdown_waits_for_the_loop_and_a_later_request_starts_a_new_one(refere
     for loop in (1, 2):
         llm.start_background_loop()  # what a server's async readers get; nobody else steps here
         stream = llm.add_request([4, 5], params)
-        assert stream.done.wait(30) and [t for c in stream for t in c.token_ids] == expected
-        thread = llm._thread
+        assert stream.done.wait(30) and [t for c in llm.read(stream) for t in c.token_ids] == expected
+        thread = llm.loop.thread
         llm.shutdown()
         assert not thread.is_alive() and llm.loops_started == loop
 
@@ -379,10 +379,10 @@ def test_shutdown_ends_the_requests_in_flight(reference):
     llm = streaming.LLM("tiny", max_num_seqs=2)
     llm.start_background_loop()
     stream = llm.add_request([4, 5], SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True))
-    first = next(iter(stream))
+    first = next(llm.read(stream))
     assert first.finish_reason is None
     llm.shutdown()
-    rest = list(stream)
+    rest = list(llm.read(stream))
     assert rest[-1].finish_reason == "abort" and "shut down" in rest[-1].error
     # The final chunk adds nothing to the text, carries the request's own metrics, and the request is counted once,
     # as aborted (the server's usage and /metrics read these).

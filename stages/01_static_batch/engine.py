@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from common.engine import StepResult, advance
+from common.engine import EngineState, SeqOutput, StepResult, advance
 from common.kv_cache import ContiguousKVCache
 from common.llm import LLM as FrontEnd
 from common.model import Llama
@@ -32,6 +32,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting) or any(not s.is_finished for s in self.batch)
 
+    @property
+    def num_running(self) -> int:
+        return sum(not s.is_finished for s in self.batch)
+
     def schedule(self) -> tuple[list[int], bool]:
         """The slots to run this step (every unfinished request of the batch), and whether the batch is new."""
         # lab 01.1 begin: the static scheduler
@@ -44,10 +48,10 @@ class Scheduler:
         return [i for i, s in enumerate(self.batch) if not s.is_finished], new
         # lab 01.1 end
 
-    def postprocess(self, slots: list[int], lens: list[int], tokens: list[int | None]) -> None:
+    def postprocess(self, slots: list[int], lens: list[int], outputs: list[SeqOutput]) -> None:
         """Record what the step computed and sampled; a finished request's slot stays taken until the batch ends."""
-        for i, n, token in zip(slots, lens, tokens):
-            advance(self.batch[i], n, token)
+        for i, n, out in zip(slots, lens, outputs):
+            advance(self.batch[i], n, out)
 
 
 class LLMEngine:
@@ -83,23 +87,24 @@ class LLMEngine:
         self.ran = seqs
         # A request's first step feeds its whole prompt (prefill); later ones their last token (decode).
         lens, starts = [s.num_new_tokens for s in seqs], [s.num_cached_tokens for s in seqs]
-        self.cache.prepare(slots, lens, [len(s) for s in seqs])
-        tokens = self.runner.run(seqs, lens, self.cache)
-        self.scheduler.postprocess(slots, lens, tokens)
-        return StepResult(seqs, lens, starts, tokens, slots=slots)
+        admitted = [s.seq_id for s in seqs if s.num_cached_tokens == 0]  # nothing cached yet: its first step
+        self.cache.prepare(slots, lens, [len(s) + len(s.spec_token_ids) for s in seqs])
+        outputs = self.runner.run(seqs, lens, self.cache)
+        self.scheduler.postprocess(slots, lens, outputs)
+        return StepResult(seqs, lens, starts, outputs, slots=slots, admitted=admitted)
 
     def release(self) -> None:
         self.scheduler.waiting.clear()
         self.scheduler.batch, self.cache = [], None
 
-    # ---- gauges the statistics read after each step --------------------------------------
+    # ---- the state the observers read after each step ---------------------------------------
+    def state(self) -> EngineState:
+        return EngineState(self.num_slots, len(self.ran), self.scheduler.num_running, len(self.scheduler.waiting),
+                           self.kv_bytes_reserved(), self.kv_bytes_used())
+
     @property
     def num_slots(self) -> int:
         return len(self.scheduler.batch)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.ran)
 
     def kv_bytes_reserved(self) -> int:
         return self.cache.reserved_bytes if self.cache is not None else 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from common.engine import StepResult, advance
+from common.engine import SeqOutput, StepResult, advance
 from common.kv_cache import ContiguousKVCache
 from common.llm import LLM as FrontEnd
 from common.model import Llama
@@ -32,6 +32,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting) or any(s is not None for s in self.slots)
 
+    @property
+    def num_running(self) -> int:
+        return sum(s is not None for s in self.slots)
+
     def schedule(self) -> list[int]:
         """Fill the free slots from the queue; return the slots to run this step."""
         now = time.perf_counter()
@@ -43,10 +47,11 @@ class Scheduler:
         # lab 02.1 end
         return [i for i, s in enumerate(self.slots) if s is not None]
 
-    def postprocess(self, slots: list[int], lens: list[int], tokens: list[int | None]) -> None:
+    def postprocess(self, slots: list[int], lens: list[int], outputs: list[SeqOutput]) -> None:
         """Record what the step computed and sampled; a finished request frees its slot for the next step."""
-        for i, n, token in zip(slots, lens, tokens):
-            if advance(self.slots[i], n, token):
+        for i, n, out in zip(slots, lens, outputs):
+            advance(self.slots[i], n, out)
+            if self.slots[i].is_finished:
                 self.slots[i] = None
 
 

@@ -11,7 +11,7 @@ still holds copies it first (copy-on-write, Kwon et al., 2023, section 4.4).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from common.sequence import Sequence
@@ -27,6 +27,10 @@ class Block:
 
 class NoFreeBlocks(Exception):
     pass
+
+
+class AuditError(AssertionError):
+    """The block accounting is broken: what `BlockManager.audit` found, in words."""
 
 
 class BlockManager:
@@ -159,6 +163,59 @@ class BlockManager:
                 self.free[block_id] = None
         # lab 03.3 end
         seq.num_cached_tokens = 0
+        seq.spec_token_ids = []  # a preempted request recomputes before it drafts again
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep ``seq``'s first ``num_tokens`` slots and give back the rest: a rejected draft's slots (stage 06).
+
+        Whole blocks past them return to the pool, tail first (as ``free_sequence`` does). The last block kept
+        is partial when ``num_tokens`` ends inside it, and its later slots will be written again: a block the
+        prefix cache knows (it was full) is forgotten there first, unless another sequence holds it too, in which
+        case the next write copies it (copy-on-write) and the cached one stays as it is."""
+        table = self.tables.get(seq.seq_id, [])
+        keep = self.blocks_for(num_tokens)
+        for block_id in reversed(table[keep:]):
+            self._release(block_id)
+        del table[keep:]
+        seq.num_cached_tokens = min(seq.num_cached_tokens, num_tokens)
+        if num_tokens % self.block_size and table and self.blocks[table[-1]].ref_count == 1 and self.prefix_cache:
+            self.prefix_cache.evict(table[-1])
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block_id} freed twice"
+        if block.ref_count == 0:
+            self.free[block_id] = None
+
+    def audit(self, running: list[Sequence]) -> None:
+        """Check the accounting after a step; raise `AuditError` saying what is wrong. Reference counts equal the
+        block tables that hold each block, the free list is exactly the unreferenced blocks, every running
+        sequence holds blocks for the tokens it has computed, and a block past a sequence's computed tokens
+        holds no cached prefix unless another sequence holds it too (its slots are still to be written, and a
+        shared block is copied before that)."""
+        held = Counter(b for table in self.tables.values() for b in table)
+        for seq_id, table in self.tables.items():
+            if len(set(table)) != len(table):
+                raise AuditError(f"sequence {seq_id}'s block table {table} holds a block twice")
+        for block in self.blocks:
+            if block.ref_count != held[block.block_id]:
+                raise AuditError(f"block {block.block_id} has ref_count {block.ref_count} but "
+                                 f"{held[block.block_id]} block tables hold it")
+            if (block.block_id in self.free) != (block.ref_count == 0):
+                raise AuditError(f"block {block.block_id} is {'on' if block.block_id in self.free else 'off'} the "
+                                 f"free list with ref_count {block.ref_count} (block tables: {dict(self.tables)})")
+        for seq in running:
+            table = self.table(seq)
+            if len(table) * self.block_size < seq.num_cached_tokens:
+                raise AuditError(f"a request with {seq.num_cached_tokens} computed tokens holds {len(table)} "
+                                 f"blocks of {self.block_size}")
+            full = seq.num_cached_tokens // self.block_size
+            cached = [b for b in table[full:] if self.prefix_cache and b in self.prefix_cache.of_block
+                      and self.blocks[b].ref_count == 1]
+            if cached:
+                raise AuditError(f"sequence {seq.seq_id} holds cached block(s) {cached} past its "
+                                 f"{seq.num_cached_tokens} computed tokens")
 
     def filled_tokens(self, seqs: list[Sequence]) -> int:
         """Distinct token positions holding KV across ``seqs`` (a shared block counts once)."""

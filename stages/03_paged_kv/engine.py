@@ -8,7 +8,7 @@ The engine loop still reads schedule -> run -> postprocess.
 """
 from __future__ import annotations
 
-from common.engine import StepResult
+from common.engine import BlockState, EngineState, StepResult
 from common.llm import LLM as FrontEnd
 from common.model import Llama
 from common.runner import ModelRunner
@@ -68,6 +68,7 @@ class LLMEngine:
         self.cache = self.cache_class(c, self.block_manager.num_blocks, block_size, model.dtype, model.device,
                                       model.batch_invariant)
         self.runner = ModelRunner(model)
+        self.num_in_step = 0
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -98,39 +99,41 @@ class LLMEngine:
 
     def step(self) -> StepResult:
         pc = self.prefix_cache
-        hits, queried = (pc.hit_tokens, pc.queried_tokens) if pc else (0, 0)
+        queried = pc.queried_tokens if pc else 0
         seqs, lens = self.scheduler.schedule()
         if not seqs:
             raise RuntimeError("the scheduler could not run anything: a request larger than the pool?")
-        self.num_running = len(self.scheduler.running)  # in flight this step, the ones it finishes included
+        self.num_in_step = len(self.scheduler.running)  # in flight this step, the ones it finishes included
         starts = [s.num_cached_tokens for s in seqs]
-        self.cache.copy_blocks(self.block_manager.take_copies())  # copy-on-write, before this step's writes
+        copies = self.block_manager.take_copies()
+        self.cache.copy_blocks(copies)  # copy-on-write, before this step's writes
         self.cache.prepare(seqs, lens, [self.block_manager.table(s) for s in seqs])
-        tokens = self.runner.run(seqs, lens, self.cache)
-        self.scheduler.postprocess(seqs, lens, tokens)
-        return StepResult(seqs, lens, starts, tokens, preempted=self.scheduler.num_preempted,
-                          prefix_hit_tokens=pc.hit_tokens - hits if pc else 0,
-                          prefix_query_tokens=pc.queried_tokens - queried if pc else 0)
+        outputs = self.runner.run(seqs, lens, self.cache)
+        self.scheduler.postprocess(seqs, lens, outputs)
+        admitted = self.scheduler.admitted
+        return StepResult(seqs, lens, starts, outputs, admitted=[s.seq_id for s in admitted],
+                          preempted=[s.seq_id for s in self.scheduler.preempted],
+                          prefix_hits=dict(self.scheduler.prefix_hits),
+                          prefix_query_tokens=pc.queried_tokens - queried if pc else 0, copies=copies)
 
     def release(self) -> None:
         self.scheduler.release_all()
 
-    # ---- gauges the statistics read after each step --------------------------------------
+    # ---- the state the observers read after each step ---------------------------------------
+    def state(self) -> EngineState:
+        bm, pc = self.block_manager, self.prefix_cache
+        cached = [b for b in pc.of_block if bm.blocks[b].ref_count == 0] if pc else []
+        blocks = BlockState(bm.num_blocks, bm.block_size, bm.num_free_blocks,
+                            {seq_id: list(t) for seq_id, t in bm.tables.items()}, cached)
+        return EngineState(self.num_slots, self.num_in_step, len(self.scheduler.running), len(self.scheduler.waiting),
+                           self.kv_bytes_reserved(), self.kv_bytes_used(), blocks)
+
     @property
     def num_slots(self) -> int:
         return self.scheduler.max_num_seqs
 
-    @property
-    def num_used_blocks(self) -> int:
-        return self.block_manager.num_used_blocks
-
-    @property
-    def num_table_blocks(self) -> int:
-        """Blocks the running sequences would hold with nothing shared: their block tables' lengths, summed."""
-        return sum(len(self.block_manager.table(s)) for s in self.scheduler.running)
-
     def kv_bytes_reserved(self) -> int:
-        return self.num_used_blocks * self.block_size * self._per_token
+        return self.block_manager.num_used_blocks * self.block_size * self._per_token
 
     def kv_bytes_used(self) -> int:
         return self.scheduler.held_tokens * self._per_token
@@ -138,6 +141,17 @@ class LLMEngine:
     @property
     def _per_token(self) -> int:
         return self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
+
+
+class BlockAudit:
+    """An observer that checks the block accounting after every step (`BlockManager.audit`): the tests and the
+    labs attach it with ``llm.add_observer(BlockAudit(llm.engine))``."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+
+    def on_step(self, event) -> None:
+        self.engine.block_manager.audit(self.engine.scheduler.running)
 
 
 class LLM(FrontEnd):

@@ -16,20 +16,21 @@ from .block_manager import BlockManager
 
 
 def make_room(seq: Sequence, num_tokens: int, running: list[Sequence], waiting: deque[Sequence],
-              block_manager: BlockManager) -> tuple[bool, int]:
+              block_manager: BlockManager) -> tuple[bool, list[Sequence]]:
     """Preempt the newest running requests until ``seq`` can append ``num_tokens`` tokens.
 
-    Returns (whether ``seq`` can run, how many requests were preempted); when nothing newer is left,
-    ``seq`` steps aside itself, and that counts as a preemption too: its blocks go back and it is recomputed
-    later like any victim (the step's ``num_preempted`` and the engine's ``stats.preemptions`` include it)."""
-    preempted = 0
+    Returns (whether ``seq`` can run, the requests preempted, in order); when nothing newer is left, ``seq`` steps
+    aside itself, and that counts as a preemption too: its blocks go back and it is recomputed later like any
+    victim (the step's event and the engine's ``stats.preemptions`` include it)."""
+    victims = []
     while not block_manager.can_append(seq, num_tokens) and running[-1] is not seq:
-        preempt(running.pop(), waiting, block_manager)
-        preempted += 1
+        victims.append(running.pop())
+        preempt(victims[-1], waiting, block_manager)
     if block_manager.can_append(seq, num_tokens):
-        return True, preempted
-    preempt(running.pop(), waiting, block_manager)  # ``seq`` itself, the newest left
-    return False, preempted + 1
+        return True, victims
+    victims.append(running.pop())  # ``seq`` itself, the newest left
+    preempt(victims[-1], waiting, block_manager)
+    return False, victims
 
 
 def preempt(seq: Sequence, waiting: deque[Sequence], block_manager: BlockManager) -> None:

@@ -47,10 +47,12 @@ class PrefixCache:
             parent = h
         return ids
 
-    def record(self, seq: Sequence, hit_blocks: int) -> None:
-        """Count an admitted prompt's lookup for the hit rate."""
+    def record(self, seq: Sequence, hit_blocks: int) -> int:
+        """Count an admitted prompt's lookup for the hit rate; returns the prompt tokens it found."""
+        found = min(hit_blocks * self.block_size, seq.num_prompt_tokens)
         self.queried_tokens += seq.num_prompt_tokens
-        self.hit_tokens += min(hit_blocks * self.block_size, seq.num_prompt_tokens)
+        self.hit_tokens += found
+        return found
 
     def commit(self, seq: Sequence, table: list[int]) -> None:
         """After a step: hash the blocks ``seq`` has filled, so later requests can share them."""

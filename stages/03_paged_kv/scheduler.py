@@ -12,13 +12,24 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 
-from common.engine import advance
+from common.engine import SeqOutput, advance
 from common.sequence import Sequence, SequenceStatus
 
 from .block_manager import BlockManager
 from .preemption import make_room
 from .prefix_cache import PrefixCache
+
+
+@dataclass
+class Admission:
+    """How a waiting sequence would start: the blocks it shares, the tokens they hold, what it feeds now."""
+    prefix: list[int]  # blocks it shares (a cached prefix, or a sibling sample's prompt)
+    cached: int  # tokens those blocks hold for it
+    hit_blocks: int  # of them, found in the prefix cache (for the hit rate)
+    num_tokens: int  # tokens it feeds this step
+    reserve: int  # tokens it takes blocks for now (all it can ever need, without preemption)
 
 
 class Scheduler:
@@ -30,8 +41,14 @@ class Scheduler:
         self.chunked_prefill, self.preemption, self.max_model_len = chunked_prefill, preemption, max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
-        self.num_preempted = 0  # in the last step
+        self.preempted: list[Sequence] = []  # in the last step
+        self.admitted: list[Sequence] = []  # in the last step
+        self.prefix_hits: dict[int, int] = {}  # in the last step: seq_id -> prompt tokens found in the prefix cache
         self.held_tokens = 0  # KV positions holding tokens at the end of the last step
+
+    @property
+    def num_preempted(self) -> int:
+        return len(self.preempted)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -41,72 +58,108 @@ class Scheduler:
 
     def schedule(self) -> tuple[list[Sequence], list[int]]:
         """Pick this step's sequences and how many tokens each feeds; their blocks are allocated."""
-        bm, budget = self.block_manager, self.max_num_batched_tokens
-        seqs, lens, self.num_preempted = [], [], 0
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_new_tokens, budget)
-            if n < seq.num_new_tokens and not self.chunked_prefill:
-                break  # the rest of this prompt waits for a step with room for all of it
-            fits, preempted = make_room(seq, n, self.running, self.waiting, bm)
-            self.num_preempted += preempted
-            if not fits:
-                break
-            bm.append_slots(seq, n)
-            seqs.append(seq), lens.append(n)
-            budget -= n
-            i += 1
+        seqs, lens = [], []
+        self.preempted, self.admitted, self.prefix_hits = [], [], {}
+        budget = self.schedule_running(seqs, lens, self.max_num_batched_tokens)
         # Admit newcomers only when nothing had to be preempted: memory is tight otherwise, and the request just
         # preempted (now first in the queue) would be readmitted at once, to recompute what it gave back and be
         # preempted again.
-        while self.waiting and not self.num_preempted and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            scores = seq.params.prompt_logprobs is not None  # it needs every prompt row computed: nothing shared
-            shared, forked = bm.fork_source(seq) if not scores else ([], 0)  # a sibling sample's prompt blocks
-            if not forked and not scores and any(s in self.running and s.num_cached_tokens < s.num_prompt_tokens
-                                                 for s in seq.group):
-                break  # a sibling is computing the prompt: wait a step or a few, then share it (a fork)
-            prefix = self.prefix_cache.lookup(seq) if self.prefix_cache is not None and not scores else []
-            hits, cached = len(prefix), len(prefix) * bm.block_size
-            if forked > cached:
-                prefix, cached = shared, forked
-            n = min(len(seq) - cached, budget)
-            if n < len(seq) - cached and not self.chunked_prefill:
+        if not self.preempted:
+            self.admit_waiting(seqs, lens, budget)
+        return seqs, lens
+
+    def schedule_running(self, seqs: list[Sequence], lens: list[int], budget: int) -> int:
+        """The running sequences' next tokens, oldest first, preempting the newest when blocks run out; returns the
+        budget left."""
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = self.chunk(seq, seq.num_new_tokens, budget)
+            if n == 0:
+                break  # the rest of this prompt waits for a step with room for all of it
+            fits, victims = make_room(seq, n, self.running, self.waiting, self.block_manager)
+            self.preempted += victims
+            if not fits:
                 break
-            reserve = self.longest(seq) - cached if not self.preemption else n
-            if not bm.can_allocate(reserve, prefix, cached):
-                break
-            self.waiting.popleft()
-            bm.allocate(seq, prefix, cached)
-            if self.prefix_cache is not None:
-                self.prefix_cache.record(seq, hits)
-            bm.append_slots(seq, reserve)  # without preemption: every block it can ever need, now
-            seq.status = SequenceStatus.RUNNING
-            seq.metrics.first_scheduled_time = seq.metrics.first_scheduled_time or time.perf_counter()
-            self.running.append(seq)
+            self.block_manager.append_slots(seq, n)
             seqs.append(seq), lens.append(n)
             budget -= n
-        return seqs, lens
+            i += 1
+        return budget
+
+    def admit_waiting(self, seqs: list[Sequence], lens: list[int], budget: int) -> None:
+        """Start waiting sequences in arrival order while the budget, the sequence limit and the blocks allow."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            plan = self.admission(seq, budget)
+            if plan is None:
+                break
+            self.waiting.popleft()
+            self.start(seq, plan)
+            seqs.append(seq), lens.append(plan.num_tokens)
+            budget -= plan.num_tokens
+
+    def admission(self, seq: Sequence, budget: int) -> Admission | None:
+        """How ``seq`` would start now, or None if it cannot: the longest of a sibling's prompt blocks (a fork) and
+        its cached prefix, then its next chunk, and blocks enough for it."""
+        bm = self.block_manager
+        if seq.params.prompt_logprobs is not None:  # it needs every prompt row computed: nothing shared
+            prefix, cached, hits = [], 0, 0
+        else:
+            prefix, cached = bm.fork_source(seq)  # a sibling sample's prompt blocks
+            if not cached and any(s in self.running and s.num_cached_tokens < s.num_prompt_tokens for s in seq.group):
+                return None  # a sibling is computing the prompt: wait a step or a few, then share it (a fork)
+            found = self.prefix_cache.lookup(seq) if self.prefix_cache is not None else []
+            hits = len(found)
+            if hits * bm.block_size >= cached:
+                prefix, cached = found, hits * bm.block_size
+        n = self.chunk(seq, len(seq) - cached, budget)
+        if n == 0:
+            return None
+        reserve = n if self.preemption else self.longest(seq) - cached
+        if not bm.can_allocate(reserve, prefix, cached):
+            return None
+        return Admission(prefix, cached, hits, n, reserve)
+
+    def start(self, seq: Sequence, plan: Admission) -> None:
+        """Give ``seq`` its shared blocks and room for what it feeds; it runs from this step on."""
+        self.block_manager.allocate(seq, plan.prefix, plan.cached)
+        if self.prefix_cache is not None:
+            self.prefix_hits[seq.seq_id] = self.prefix_cache.record(seq, plan.hit_blocks)
+        self.block_manager.append_slots(seq, plan.reserve)  # without preemption: every block it can ever need, now
+        seq.status = SequenceStatus.RUNNING
+        seq.metrics.first_scheduled_time = seq.metrics.first_scheduled_time or time.perf_counter()
+        self.running.append(seq)
+        self.admitted.append(seq)
+
+    def chunk(self, seq: Sequence, remaining: int, budget: int) -> int:
+        """Tokens ``seq`` feeds this step out of ``remaining``: all of them or the budget's worth (chunked
+        prefill); 0 when they do not all fit and chunking is off."""
+        n = min(remaining, budget)
+        return n if n == remaining or self.chunked_prefill else 0
 
     def longest(self, seq: Sequence) -> int:
         """The most tokens ``seq`` can ever hold: its prompt and every token it may still generate."""
         most = seq.num_prompt_tokens + seq.params.max_tokens
         return min(most, self.max_model_len) if self.max_model_len else most
 
-    def postprocess(self, seqs: list[Sequence], lens: list[int], tokens: list[int | None]) -> None:
+    def postprocess(self, seqs: list[Sequence], lens: list[int], outputs: list[SeqOutput]) -> None:
         """After a step: record what it computed and sampled, share what was filled, release what finished."""
         bm = self.block_manager
-        finished = [seq for seq, n, token in zip(seqs, lens, tokens) if advance(seq, n, token)]
+        for seq, n, out in zip(seqs, lens, outputs):
+            advance(seq, n, out)
+            if out.drafted > out.accepted:  # the slots of draft tokens not kept go back (speculative decoding)
+                bm.truncate(seq, seq.num_cached_tokens)
         if self.prefix_cache is not None:
             # Every block filled this step, of running and finished sequences alike: a request with the same start
             # admitted at the next step reuses it while its first owner still runs.
             for seq in seqs:
                 self.prefix_cache.commit(seq, bm.table(seq))
         self.held_tokens = bm.filled_tokens(self.running)  # KV holding tokens at the step's end, before releases
-        for seq in finished:
-            bm.free_sequence(seq)
-            self.running.remove(seq)
+        for seq in seqs:
+            if seq.is_finished:
+                bm.free_sequence(seq)
+                self.running.remove(seq)
 
     def release_all(self) -> None:
         for seq in self.running:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import bisect
 import threading
 
+from common.engine import EngineState
+from common.events import StepEvent
 from common.sequence import Sequence
+from common.stats import hit_rate
 
 TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
 ITL_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5]
@@ -47,6 +50,13 @@ class EngineMetrics:
         self.output_tokens = 0
         self.preemptions = 0
 
+    def on_step(self, event: StepEvent) -> None:
+        """An observer of every step: its preemptions, and the requests it finished."""
+        self.preemptions += len(event.preempted)
+        for s in event.seqs:
+            if s.finish_reason is not None:
+                self.observe(s.seq)
+
     def observe(self, seq: Sequence) -> None:
         """Record a finished request."""
         m = seq.metrics
@@ -76,3 +86,27 @@ class EngineMetrics:
             lines += self.itl.render("stepwise_inter_token_latency_seconds", "Gap between consecutive tokens")
             lines += self.e2e.render("stepwise_e2e_request_latency_seconds", "Arrival to last token")
         return "\n".join(lines) + "\n"
+
+
+class Gauges:
+    """The engine's state after its last step, as a server shows it: an observer of every step that replaces its
+    snapshot whole, so a reader on another thread never sees it half-written."""
+
+    def __init__(self, metrics: EngineMetrics):
+        self.metrics = metrics
+        self.hit_tokens = self.queried_tokens = 0  # the prefix cache's, across the server's life
+        self.snapshot: dict[str, float] = {}
+
+    def on_step(self, event: StepEvent) -> None:
+        self.hit_tokens += event.prefix_hit_tokens
+        self.queried_tokens += event.prefix_query_tokens
+        self.update(event.state)
+
+    def update(self, state: EngineState) -> None:
+        blocks = state.blocks
+        self.snapshot = {"waiting": state.num_waiting, "running": state.num_running,
+                         "kv_blocks_used": blocks.num_used if blocks else 0,
+                         "kv_blocks_free": blocks.num_free if blocks else 0,
+                         "kv_blocks": blocks.num_blocks if blocks else 0,
+                         "prefix_hit_rate": hit_rate(self.hit_tokens, self.queried_tokens),
+                         "preemptions": self.metrics.preemptions}

@@ -1,4 +1,9 @@
-"""What a caller holds while its request runs: a stream of chunks, the last with a finish reason."""
+"""What a caller holds while its request runs: a stream of chunks, the last with a finish reason.
+
+A stream is a plain queue the engine loop fills: a synchronous reader takes chunks from it through the loop
+(`EngineLoop.read`, which steps the engine when nobody else does), an asynchronous one (the server) with
+``async for``.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -26,15 +31,13 @@ class StreamChunk:
 
 @dataclass
 class RequestStream:
-    """One request's chunks, in order. A synchronous reader gets them with ``next_chunk`` (which steps the
-    engine when nobody else does); an asynchronous one (the server) through ``async for``."""
+    """One request's chunks, in order."""
     request_id: str
     seq: Sequence
-    next_chunk: Callable[["RequestStream"], StreamChunk] | None = None  # the engine's, for synchronous readers
-    chunks: queue.Queue = field(default_factory=queue.Queue)
+    chunks: queue.Queue = field(default_factory=queue.Queue)  # a synchronous reader's
     loop: asyncio.AbstractEventLoop | None = None  # set for async readers (the server)
     async_chunks: asyncio.Queue | None = None
-    outbox: "Outbox | None" = None  # the engine's, which hands async readers their chunks
+    outbox: "Outbox | None" = None  # the engine loop's, which hands async readers their chunks
     sent_text: int = 0
     sent_tokens: int = 0
     done: threading.Event = field(default_factory=threading.Event)
@@ -46,13 +49,6 @@ class RequestStream:
             self.chunks.put(chunk)
         if chunk.finish_reason is not None:
             self.done.set()
-
-    def __iter__(self):
-        while True:
-            chunk = self.next_chunk(self)
-            yield chunk
-            if chunk.finish_reason is not None:
-                return
 
     async def __aiter__(self):
         while True:

@@ -8,11 +8,11 @@ derandomized so that the verdict is the same on every run; hypothesis shrinks a 
 """
 from __future__ import annotations
 
-from collections import Counter
 
 from hypothesis import given, strategies as st
 
 from common import SamplingParams
+from stages.paged_kv import BlockAudit
 from common.tools.workloads import TOY_LENGTHS, toy
 
 from .checks_server import check_05_3
@@ -107,33 +107,12 @@ def check_02_1(v) -> None:
 
 
 # ---- stage 03: paging, prefix caching, preemption ---------------------------------------------------------------
-def audit(bm, running) -> None:
-    """The block accounting after a step: reference counts match the tables, the free list is exactly the
-    unreferenced blocks, and every running request has blocks for the tokens it has computed."""
-    held = Counter(b for table in bm.tables.values() for b in table)
-    for seq_id, table in bm.tables.items():
-        assert len(set(table)) == len(table), f"sequence {seq_id}'s block table {table} holds a block twice"
-    for block in bm.blocks:
-        assert block.ref_count == held[block.block_id], (f"block {block.block_id} has ref_count {block.ref_count} "
-                                                         f"but {held[block.block_id]} block tables hold it")
-        assert (block.block_id in bm.free) == (block.ref_count == 0), (
-            f"block {block.block_id} is {'on' if block.block_id in bm.free else 'off'} the free list with "
-            f"ref_count {block.ref_count} (block tables: {dict(bm.tables)})")
-    for seq in running:
-        n = len(bm.table(seq))
-        assert n * bm.block_size >= seq.num_cached_tokens, (f"a request with {seq.num_cached_tokens} computed tokens "
-                                                            f"holds {n} blocks of {bm.block_size}")
-
-
 def paged_llm(v, num_blocks: int, max_num_seqs: int, token_budget: int = 64):
-    class Audited(v.module("engine").LLM):
-        def observe(self, step):
-            super().observe(step)
-            audit(self.engine.block_manager, self.engine.scheduler.running)
-
     per_block = BLOCK * reference().config.kv_bytes_per_token(2)  # bfloat16
-    return Audited("tiny", dtype="bfloat16", max_num_seqs=max_num_seqs, block_size=BLOCK,
-                   kv_cache_memory_bytes=num_blocks * per_block, max_num_batched_tokens=token_budget)
+    llm = v.module("engine").LLM("tiny", dtype="bfloat16", max_num_seqs=max_num_seqs, block_size=BLOCK,
+                                 kv_cache_memory_bytes=num_blocks * per_block, max_num_batched_tokens=token_budget)
+    llm.add_observer(BlockAudit(llm.engine))
+    return llm
 
 
 def paged_run(llm, prompts, params, outs=None) -> list:
