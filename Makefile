@@ -101,7 +101,7 @@ aiperf: .venv-aiperf/.stamp-aiperf
 # their figures side by side (docs/serving-benchmark.md). BENCH_SERVE holds load's options.
 BENCH_SERVE ?= --num-requests 64 --max-concurrency 16 --max-tokens 96
 bench-serve: $(MODEL) aiperf
-	$(BIN)/python -m stages.05_streaming load $(BENCH_SERVE) --aiperf
+	$(BIN)/python -m stages.bench.load $(BENCH_SERVE) --aiperf
 
 # Mutation testing, a tool and not a CI step: mutmut plants small bugs in the core engine modules ([tool.mutmut]
 # in pyproject.toml) one at a time, runs the fast tests that cover each, and lists the mutants no test caught.

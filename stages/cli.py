@@ -7,11 +7,11 @@ from dataclasses import replace
 
 from rich.console import Console
 
-from common.tools import workloads
+from stages import workloads
 from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory, resolve_device
 from common.prepare import resolve_model
-from common.tools.report import print_blocks, print_timeline, summary_row, summary_table
+from stages.report import print_blocks, print_timeline, summary_row, summary_table
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
                "stages.03_paged_kv": "03 paged", "stages.04_kernels": "04 kernels",

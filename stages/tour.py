@@ -19,8 +19,9 @@ from rich.table import Table
 
 from common import ReferenceLLM, SamplingParams
 from common.loader import parse_memory
-from common.tools import quality, roofline, workloads
-from common.tools.report import print_timeline
+from stages import workloads
+from stages.bench import quality, roofline
+from stages.report import print_timeline
 
 STAGE = {n: f"stages.{n}" for n in ("01_static_batch", "02_continuous_batch", "03_paged_kv", "05_streaming")}
 

@@ -2,7 +2,7 @@
 import importlib
 
 from common import ReferenceLLM
-from common.tools import workloads
+from stages import workloads
 from stages.cli import parser
 
 ablation = importlib.import_module("stages.03_paged_kv.ablation")

@@ -2,7 +2,7 @@
 import pytest
 
 from common.numerics.quant import precision_bytes
-from common.tools import roofline
+from stages.bench import roofline
 from stages.bench import edge, edge_measure
 
 

@@ -229,7 +229,7 @@ def test_every_stage_gives_the_reference_tokens(family_reference, workload):
 
 def test_nano_vllm_workload():
     """nano-vllm's bench.py: 256 requests, lengths uniform in 100-1,024, seeded (the same list every time)."""
-    from common.tools import workloads
+    from stages import workloads
     prompts, params = workloads.build("nano-vllm", None, 32, 64, vocab=151936)
     assert len(prompts) == len(params) == 256
     assert all(100 <= len(p) <= 1024 for p in prompts) and all(100 <= sp.max_tokens <= 1024 for sp in params)

@@ -140,7 +140,7 @@ def test_compile_for_sm90_without_a_gpu():
     """The real GPU pipeline (TTIR -> TTGIR -> LLVM -> PTX -> cubin) for every kernel, on the CPU."""
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "stages.04_kernels.compile_check"], cwd=root, env=env,
+    out = subprocess.run([sys.executable, "-m", "stages.bench.compile_check"], cwd=root, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     for name in ["add_rms_norm", "rope", "swiglu", "store_kv", "paged_decode_split", "paged_decode_merge",
@@ -167,7 +167,7 @@ def test_compile_check_catches_a_dot_smaller_than_16(tmp_path, k, compiles):
     """A bf16 tl.dot with K < 16 runs in the interpreter but the GPU compiler rejects it: the check must say so."""
     (tmp_path / "small_dot.py").write_text(SMALL_DOT)
     root = Path(__file__).resolve().parents[1]
-    code = ("import importlib, small_dot; cc = importlib.import_module('stages.04_kernels.compile_check'); "
+    code = ("import importlib, small_dot; cc = importlib.import_module('stages.bench.compile_check'); "
             f"cc.compile_for(small_dot.small_dot, {{'a_ptr': '*bf16', 'b_ptr': '*bf16', 'c_ptr': '*fp32'}}, "
             f"{{'K': {k}}})")
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from common import ReferenceLLM, SamplingParams
-from common.tools import workloads
-from workloads import continuous_steps  # tests/workloads.py, not common.tools'
+from stages import workloads
+from workloads import continuous_steps  # tests/workloads.py, not stages.workloads
 from stages.cli import STAGE_NAMES, make_llm
 from common.prepare import resolve_model
 

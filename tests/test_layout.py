@@ -1,5 +1,6 @@
 """The layout the tools can see: the import graph of common/ and stages/ has no cycle, common/ never reaches up
-into a stage, and every command the READMEs and docs/ name exists (its --help runs)."""
+into a stage, common/ holds no instrument and no engine loads one, and every command the READMEs and docs/ name
+exists (its --help runs)."""
 import ast
 import os
 import re
@@ -120,6 +121,35 @@ def test_common_never_imports_a_stage():
     reaching_up = {name: sorted(m for m in deps if m.split(".")[0] == "stages")
                    for name, deps in import_graph().items() if name.split(".")[0] == "common"}
     assert {name: deps for name, deps in reaching_up.items() if deps} == {}
+
+
+# The measuring instruments, by module name: they live in stages/bench/, never in the core.
+INSTRUMENTS = {"roofline", "quality", "demo", "reference_demo", "ladder", "peers", "baselines", "edge", "invariance",
+               "fusion_report", "gpu_check", "compile_check", "load", "load_args", "load_metrics", "aiperf",
+               "proc_cpu", "report", "workloads"}
+
+
+def test_common_holds_no_instrument():
+    """common/ is the core and its numerics: no tools folder, no module named as an instrument, and nothing in it
+    imports from stages.bench (the check above already keeps it from importing any stage)."""
+    assert not (ROOT / "common" / "tools").exists()
+    named = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "common").rglob("*.py") if p.stem in INSTRUMENTS)
+    assert named == []
+    assert (ROOT / "stages" / "bench" / "roofline.py").exists()  # the oracle: the list names real instruments
+
+
+def test_no_engine_loads_an_instrument():
+    """What `from stages import NAME` loads for a stage (its package and everything that reaches, transitively)
+    never includes a module of stages.bench: an engine runs without its instruments."""
+    graph = import_graph()
+    for package in stages.STAGES.values():
+        seen, todo = set(), [package]
+        while todo:
+            for dep in graph[todo.pop()] - seen:
+                seen.add(dep)
+                todo.append(dep)
+        assert sorted(m for m in seen if m.startswith("stages.bench")) == [], package
+    assert "stages.bench.roofline" in graph["stages.03_paged_kv.capacity"]  # the oracle: the graph sees bench
 
 
 def test_the_core_reaches_the_numerics_through_one_door():

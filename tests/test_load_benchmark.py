@@ -15,11 +15,11 @@ from common import ReferenceLLM, SamplingParams
 from workloads import Server
 
 streaming = importlib.import_module("stages.05_streaming")
-main = importlib.import_module("stages.05_streaming.__main__").main
-load = importlib.import_module("stages.05_streaming.server.load")
-load_metrics = importlib.import_module("stages.05_streaming.server.load_metrics")
-load_args = importlib.import_module("stages.05_streaming.server.load_args")
-aiperf = importlib.import_module("stages.05_streaming.server.aiperf")
+main = importlib.import_module("stages.bench.load.__main__").main
+load = importlib.import_module("stages.bench.load.client")
+load_metrics = importlib.import_module("stages.bench.load.metrics")
+load_args = importlib.import_module("stages.bench.load.args")
+aiperf = importlib.import_module("stages.bench.load.aiperf")
 
 
 class InFlight:
@@ -215,13 +215,13 @@ def test_a_request_the_server_refuses_is_counted_as_failed():
 ])
 def test_bad_load_options_fail_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        main(["load", "--model", "tiny", *argv])
+        main(["--model", "tiny", *argv])
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_clients_and_max_concurrency_are_one_setting():
     with pytest.raises(SystemExit, match="one setting under two names"):
-        main(["load", "--model", "tiny", "--clients", "4", "--max-concurrency", "8"])
+        main(["--model", "tiny", "--clients", "4", "--max-concurrency", "8"])
     args = argparse_for(["--clients", "4"])
     assert load_args.settings_from(args).max_concurrency == 4
     assert load_args.settings_from(argparse_for([])).max_concurrency == 16  # today's closed loop of 16
@@ -230,7 +230,7 @@ def test_clients_and_max_concurrency_are_one_setting():
 
 def test_a_missing_aiperf_is_named_before_anything_runs(tmp_path):
     with pytest.raises(SystemExit, match="no aiperf at .*make aiperf"):
-        main(["load", "--model", "tiny", "--aiperf", str(tmp_path / "aiperf")])
+        main(["--model", "tiny", "--aiperf", str(tmp_path / "aiperf")])
 
 
 def argparse_for(argv):

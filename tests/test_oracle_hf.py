@@ -158,11 +158,11 @@ def test_int4_logits_close_to_transformers_on_the_gguf(hf_models, int4_reference
 
 @pytest.mark.real_model
 def test_int4_perplexity_matches_transformers_on_the_gguf(hf_models, int4_reference):
-    """The perplexity `python -m common.tools.quality` reports, on its text's first 512 tokens: int4 (bfloat16
+    """The perplexity `python -m stages.bench.quality` reports, on its text's first 512 tokens: int4 (bfloat16
     activations) against transformers' float32 run of the same GGUF."""
     import math
 
-    from common.tools.quality import score_text, text_ids
+    from stages.bench.quality import score_text, text_ids
 
     from_gguf, _ = hf_models
     ids = text_ids(int4_reference)[:512]

@@ -320,7 +320,7 @@ def test_copies_run_in_the_order_recorded():
 def test_logprobs_are_the_models_own_whatever_the_batch(reference):
     """Each sampled token's log-probability and top-k are the model's raw distribution: the same in a batch of
     stage 03 forks as in the reference, and equal to log_softmax over one direct forward of the whole text."""
-    from common.tools.quality import window_logits
+    from stages.bench.quality import window_logits
     prompt = list(range(200, 223))
     params = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=6, logprobs=4, repetition_penalty=1.3)
     got = paged.LLM("tiny", dtype="bfloat16", block_size=4).generate([prompt, [7, 8, 9]], [params, params])[0]
@@ -370,7 +370,7 @@ def test_the_openai_client_reads_logprobs(server, reference, stream):
 def direct_log_likelihood(reference, ids):
     """The oracle: one forward of the whole text through the model, log_softmax, the log-probability of each token
     after the first given the ones before it."""
-    from common.tools.quality import window_logits
+    from stages.bench.quality import window_logits
     lp = torch.log_softmax(window_logits(reference, ids).float(), -1)
     return [float(lp[p, ids[p + 1]]) for p in range(len(ids) - 1)]
 

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from common.tools.report import percentile
+from stages.report import percentile
 from stages.bench import peer_vllm
 
 # What the runner would print: request 0 stops on EOS (vLLM keeps it), 1 runs to max_tokens, 2 stops on EOS with the
@@ -141,7 +141,7 @@ def test_bad_input_fails_alone_with_a_clear_message(tmp_path, isolated, bad):
 def test_vllm_greedy_tokens_equal_the_reference_in_float32(real_folder):
     """Three chat prompts to EOS: vLLM's float32 tokens were found identical to the reference's, every one."""
     from common import ReferenceLLM, SamplingParams
-    from common.tools import workloads
+    from stages import workloads
 
     ref = ReferenceLLM(str(real_folder), dtype="float32")
     prompts = [ref.tokenizer.encode(text) for text in workloads.chat(ref.tokenizer, 3)[0]]

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from common import ReferenceLLM
-from common.tools import workloads
-from workloads import continuous_steps  # tests/workloads.py, not common.tools'
+from stages import workloads
+from workloads import continuous_steps  # tests/workloads.py, not stages.workloads
 from stages.bench import peers, verdict
 
 ladder = importlib.import_module("stages.__main__")

@@ -1,11 +1,11 @@
-"""What int8 and int4 cost in quality, on a budget: the bounds behind `python -m common.tools.quality`'s figures
+"""What int8 and int4 cost in quality, on a budget: the bounds behind `python -m stages.bench.quality`'s figures
 (README).
 
 The full command scores the whole text (3,573 tokens) and 16 prompts x 64 tokens; this checks its first 512 tokens
 and 4 prompts x 16 tokens, enough to catch a precision that broke the model."""
 import pytest
 
-from common.tools import quality
+from stages.bench import quality
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +39,12 @@ def test_quantized_models_mostly_agree_with_bfloat16(rows):
 
 
 def test_the_command_prints_its_table():
-    """`python -m common.tools.quality` end to end, on the tiny model and a few tokens (it once failed only when
+    """`python -m stages.bench.quality` end to end, on the tiny model and a few tokens (it once failed only when
     run as a module: a helper was defined below the call to main)."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "common.tools.quality", "--model", "tiny", "--prompts", "1",
+    out = subprocess.run([sys.executable, "-m", "stages.bench.quality", "--model", "tiny", "--prompts", "1",
                           "--tokens", "2", "--window", "32"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "perplexity" in out.stdout and "int4" in out.stdout

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.tools import roofline
+from stages.bench import roofline
 
 
 @pytest.fixture(scope="module")

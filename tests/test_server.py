@@ -108,7 +108,7 @@ def test_the_load_runs_reader_counts_what_the_server_streams(tiny_ref):
     """`load`'s bare HTTP/1.1 reader (chunked transfer, SSE events) takes each request's token counts from the
     server's usage (the reference's tokens), times its chunks, sends the API key, and says why a refused request
     failed: a refused warm-up stops the run."""
-    load = importlib.import_module("stages.05_streaming.server.load")
+    load = importlib.import_module("stages.bench.load.client")
     settings = load.LoadSettings("tiny", num_requests=6, max_tokens=12, max_concurrency=3, api_key="s3cret")
     questions = settings.prompts()
     want = tiny_ref.generate([tiny_ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])

@@ -110,7 +110,7 @@ def test_load_command_serves_from_its_own_process_and_stops_it():
     """`load` starts `serve` in a child process on a free port, streams the chat workload through it from this
     process, prints the client-side figures in vLLM's terms (`--clients` still names the cap) and shuts the
     server down cleanly (SIGTERM) when done."""
-    out = subprocess.run([sys.executable, "-m", "stages.05_streaming", "load", "--model", "tiny", "--clients", "3",
+    out = subprocess.run([sys.executable, "-m", "stages.bench.load", "--model", "tiny", "--clients", "3",
                           "--num-requests", "6", "--max-tokens", "8"], cwd=ROOT, text=True, capture_output=True,
                          timeout=300, env={**os.environ, "COLUMNS": "120"})
     assert out.returncode == 0, out.stderr[-2000:]

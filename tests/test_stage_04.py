@@ -69,7 +69,7 @@ def test_gpu_check_refuses_without_cuda():
     import torch
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: run the check itself")
-    out = subprocess.run([sys.executable, "-m", "stages.04_kernels", "--gpu-check"], cwd=ROOT, text=True,
+    out = subprocess.run([sys.executable, "-m", "stages.bench.gpu_check"], cwd=ROOT, text=True,
                          capture_output=True, timeout=300)
     assert out.returncode == 2 and "needs a CUDA device" in out.stdout
 
@@ -111,7 +111,7 @@ def test_a_decode_step_runs_the_same_tensor_operations_at_any_context_length(nat
     if native and not compiled.load():
         pytest.skip(f"the CPU attention kernel {compiled.build_note()}")
     monkeypatch.setenv("STEPWISE_NATIVE_ATTENTION", "1" if native else "0")
-    report = importlib.import_module("stages.04_kernels.fusion_report")
+    report = importlib.import_module("stages.bench.fusion_report")
     short, long = (report.decode_step_counts("stages.03_paged_kv", 4, context, model="tiny") for context in (20, 90))
     assert short["ops"] == long["ops"] > 0 and short["by_op"] == long["by_op"]
     assert long["bytes"] > short["bytes"]  # more keys are read, by the same operations
@@ -130,7 +130,7 @@ def test_the_fusion_count_sees_each_compiled_kernel_call_once():
     fused_source = importlib.import_module("stages.04_kernels.cpu_fusion").SOURCE
     if not native.load(fused_source):
         pytest.skip(f"the fused CPU kernels {native.build_note(fused_source)}")
-    report = importlib.import_module("stages.04_kernels.fusion_report")
+    report = importlib.import_module("stages.bench.fusion_report")
     counts = report.decode_step_counts("stages.04_kernels", 4, 20, model="tiny")
     by_op, layers = counts["by_op"], ReferenceLLM("tiny").config.num_hidden_layers
     assert not {"empty", "empty_like", "empty_strided", "zeros"} & set(by_op), by_op

@@ -7,7 +7,8 @@ import math
 from rich.console import Console
 
 from common import ReferenceLLM
-from common.tools import roofline, workloads
+from stages import workloads
+from stages.bench import roofline
 from stages.tour import tour
 
 

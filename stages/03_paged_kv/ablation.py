@@ -14,9 +14,9 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from common.tools import workloads
+from stages import workloads
 from stages.cli import make_llm
-from common.tools.report import format_value, percentile
+from stages.report import format_value, percentile
 
 VARIANTS = {"all on": {}, "no prefix caching": {"no_prefix_caching": True},
             "no chunked prefill": {"no_chunked_prefill": True}, "no preemption": {"no_preemption": True}}

@@ -6,7 +6,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from common.tools import roofline
+from stages.bench import roofline
 from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory
 from common.prepare import resolve_model

@@ -1,6 +1,5 @@
-"""python -m stages.04_kernels [--compare] [--gpu-check]: stage 04 (fused kernels: Triton on CUDA, C++ on CPU),
-says which path ran."""
-import importlib
+"""python -m stages.04_kernels [--compare] [--kernels]: stage 04 (fused kernels: Triton on CUDA, C++ on CPU),
+says which path ran; --kernels times each fused op against the reference (the kernel table)."""
 import sys
 
 from rich.console import Console
@@ -12,15 +11,9 @@ from .model import describe_path
 
 if __name__ == "__main__":
     ap = parser(__doc__)
-    ap.add_argument("--gpu-check", action="store_true", help="kernel tests, timings and stage 03 vs 04 on CUDA")
-    ap.add_argument("--fusion", action="store_true", help="tensor ops and bytes moved per decode step, 03 vs 04")
     ap.add_argument("--kernels", action="store_true",
                     help="each fused op as the reference, textbook torch and the fused kernel: bits and µs per call")
     args = ap.parse_args()
-    if args.gpu_check:
-        sys.exit(importlib.import_module("stages.04_kernels.gpu_check").main())
-    if args.fusion:
-        sys.exit(importlib.import_module("stages.04_kernels.fusion_report").main(args.max_num_seqs))
     if args.kernels:
         from .kernel_bench import main as kernel_bench
         from common.loader import parse_dtype

@@ -9,7 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.columns import Columns
 
-from common.tools.report import percentile
+from stages.report import percentile
 from common.sampling import SamplingParams
 
 from .engine import LLM

@@ -1,3 +1,3 @@
-"""Measuring the stages (not part of any engine): the ladder (`python -m stages`), its baselines (HF
-`generate`, llama.cpp), its peers (vLLM's CPU backend, llama.cpp batched, HF continuous batching: peers.py),
-its verdict and plot, and the price-of-invariance lesson (`python -m stages.bench.invariance`)."""
+"""The measuring instruments, not part of any engine (README.md here maps them): the ladder (`python -m stages`)
+with its baselines and peers, the load benchmark (`python -m stages.bench.load`), the roofline, quality, edge and
+invariance lessons, the fusion report and the GPU and compile checks."""

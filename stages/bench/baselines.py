@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from common.tools.report import percentile
+from stages.report import percentile
 
 Row = dict
 

@@ -33,7 +33,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common.tools.roofline import measure_read_bandwidth
+from stages.bench.roofline import measure_read_bandwidth
 from stages.bench.edge_measure import (PRECISIONS, measure_llama_cpp, measure_side_by_side, measure_stepwise,
                                        side_by_side_ratios)
 

@@ -23,7 +23,7 @@ def memory_mb(field: str) -> float:
 
 
 def prompts(tokenizer) -> tuple[list[int], list[int]]:
-    from common.tools.quality import TEXT
+    from stages.bench.quality import TEXT
     chat = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "How do vaccines work?"}]))
     return chat, tokenizer.encode(TEXT.read_text(encoding="utf-8"))[:LONG_PROMPT]
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common import ReferenceLLM, SamplingParams
-from common.tools import workloads
+from stages import workloads
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

@@ -24,11 +24,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common.tools import roofline, workloads
+from stages import workloads
+from stages.bench import roofline
 from stages.cli import STAGE_NAMES, parser
 from common.prepare import resolve_model
 from common.reference import ReferenceLLM
-from common.tools.report import format_value
+from stages.report import format_value
 
 from . import markdown, peers, verdict
 from .runs import hf_single_request, median_run, single_request, stage_row, stage_single_request

@@ -11,7 +11,7 @@ import torch
 
 from stages.cli import make_llm
 from common.loader import expected_shapes
-from common.tools.report import summary_row
+from stages.report import summary_row
 from common.sampling import SamplingParams
 
 

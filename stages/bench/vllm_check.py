@@ -12,8 +12,8 @@ from rich.console import Console
 
 from common import ReferenceLLM
 from common.prepare import resolve_model
-from common.tools import workloads
-from common.tools.report import format_value
+from stages import workloads
+from stages.report import format_value
 from stages.cli import make_llm, parser
 
 from .peer_vllm import DTYPES, Row, vllm_available, vllm_cpu, vllm_cpu_single

@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 
 from common import SamplingParams
 from stages.paged_kv import BlockAudit
-from common.tools.workloads import TOY_LENGTHS, toy
+from stages.workloads import TOY_LENGTHS, toy
 
 from .checks_server import check_05_3
 from .checks_text import check_04_1, check_05_1, check_05_2

@@ -6,7 +6,7 @@ import math
 
 from common.validate import InvalidParam
 
-from .load import LoadSettings
+from .client import LoadSettings
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 AIPERF = ".venv-aiperf/bin/aiperf"  # where `make aiperf` installs it

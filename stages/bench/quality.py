@@ -1,7 +1,7 @@
 """What a precision costs in quality: perplexity on a fixed text and agreement with bfloat16.
 
-    python -m common.tools.quality                       # SmolLM2: bfloat16, int8, int4
-    python -m common.tools.quality --prompts 16 --tokens 64 --window 1024
+    python -m stages.bench.quality                       # SmolLM2: bfloat16, int8, int4
+    python -m stages.bench.quality --prompts 16 --tokens 64 --window 1024
 
 * perplexity: exp(mean negative log-likelihood) of each token of a public-domain text
   (``tests/data``: two chapters of *Pride and Prejudice*), scored in windows of ``--window``
@@ -26,7 +26,7 @@ from rich.table import Table
 from common.kv_cache import ContiguousKVCache
 from common.reference import ReferenceLLM
 from common.sampling import SamplingParams
-from common.tools.workloads import CHAT_QUESTIONS
+from stages.workloads import CHAT_QUESTIONS
 
 TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "pride_and_prejudice_ch2-3.txt"
 PRECISIONS = (None, "int8", "int4")

@@ -1,4 +1,5 @@
-"""The reference generator chatting on a few prompts, one request at a time, with its speed."""
+"""`python -m stages.bench.reference_demo`: the reference generator chatting on a few prompts, one request at a
+time, with its speed."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,4 @@
-"""`python -m stages.04_kernels --gpu-check`: everything a CUDA machine should confirm, in one run.
+"""`python -m stages.bench.gpu_check`: everything a CUDA machine should confirm, in one run.
 
 1. the kernel tests, compiled (not interpreted), the quantized linears' (common/numerics/quant_cuda.py), and every
    stage's tokens on CUDA against the reference in bfloat16, int8 and int4;
@@ -16,7 +16,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common.tools import roofline, workloads
+from stages import workloads
+from stages.bench import roofline
 
 
 def bench(fn, repeats: int = 50) -> float:
@@ -30,8 +31,8 @@ def bench(fn, repeats: int = 50) -> float:
 
 
 def kernel_table(console: Console, dtype=torch.bfloat16) -> None:
-    from . import elementwise as ew
-    from . import paged_attention as pa
+    ew = importlib.import_module("stages.04_kernels.elementwise")
+    pa = importlib.import_module("stages.04_kernels.paged_attention")
     dev, bw = "cuda", roofline.measure_bandwidth("cuda", mb=1024)
     rows, hidden, ffn, heads, kvh, d, bs = 64, 576, 1536, 9, 3, 64, 16
     x, res, w = (torch.randn(rows, hidden, device=dev, dtype=dtype) for _ in range(3))
@@ -65,7 +66,7 @@ def kernel_table(console: Console, dtype=torch.bfloat16) -> None:
 
 
 def end_to_end(console: Console, num_requests: int = 128, max_tokens: int = 128) -> None:
-    from common.tools.report import summary_row, summary_table
+    from stages.report import summary_row, summary_table
     rows, tokens = {}, {}
     for module, name in [("stages.03_paged_kv", "03 paged"), ("stages.04_kernels", "04 kernels")]:
         llm = importlib.import_module(module).LLM("smollm2-135m", dtype="bfloat16", device="cuda",
@@ -85,7 +86,7 @@ def end_to_end(console: Console, num_requests: int = 128, max_tokens: int = 128)
 def main() -> int:
     console = Console()
     if not torch.cuda.is_available():
-        console.print("[red]--gpu-check needs a CUDA device; none is visible.[/] On CPU run "
+        console.print("[red]the GPU check needs a CUDA device; none is visible.[/] On CPU run "
                       "`pytest tests/test_kernels.py` (interpreted) instead.")
         return 2
     t0 = time.perf_counter()
@@ -100,3 +101,9 @@ def main() -> int:
     console.print(f"gpu check finished in {time.perf_counter() - t0:.0f} s; kernel and CUDA token tests "
                   f"{'passed' if tests.returncode == 0 else 'FAILED'}")
     return tests.returncode
+
+
+if __name__ == "__main__":
+    import argparse
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    sys.exit(main())

@@ -5,9 +5,9 @@ a step can take no less than ``bytes read / memory bandwidth``. Batching shares 
 weight read among requests; the KV read grows with them. Capacity is the same
 arithmetic on memory: bytes per token times tokens held.
 
-``python -m common.tools.roofline`` prints the article's worked example, then the same
+``python -m stages.bench.roofline`` prints the article's worked example, then the same
 figures for SmolLM2 on this machine (measured copy bandwidth and matmul rate).
-``--config PATH`` (a config.json or a checkpoint folder, repeatable; common/tools/model_configs/ holds
+``--config PATH`` (a config.json or a checkpoint folder, repeatable; stages/bench/model_configs/ holds
 the published configs of a few common models) prints, from the config alone, the weight bytes, KV bytes
 per token, the memory a batch needs and the decode ceilings at ``--bandwidth`` GB/s: nothing is loaded.
 """
@@ -214,7 +214,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--article-only", action="store_true")
     ap.add_argument("--config", action="append", default=[], help="a config.json or checkpoint folder: its figures "
-                    "from the config alone (repeatable; e.g. common/tools/model_configs/qwen3-0.6b.json)")
+                    "from the config alone (repeatable; e.g. stages/bench/model_configs/qwen3-0.6b.json)")
     ap.add_argument("--bandwidth", default="100,1000,4800", help="GB/s for --config's decode ceilings")
     ap.add_argument("--batch", type=int, default=32, help="--config: requests in flight")
     ap.add_argument("--context", type=int, default=1024, help="--config: tokens each holds")

@@ -7,6 +7,8 @@ IR, LLVM, PTX, cubin with the bundled ptxas) on the CPU, so CI catches those too
 """
 from __future__ import annotations
 
+import importlib
+
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -14,8 +16,8 @@ from triton.runtime.jit import JITFunction
 
 from common.numerics import quant_cuda as qc
 
-from . import elementwise as ew
-from . import paged_attention as pa
+ew = importlib.import_module("stages.04_kernels.elementwise")
+pa = importlib.import_module("stages.04_kernels.paged_attention")
 
 SM90 = GPUTarget("cuda", 90, 32)
 

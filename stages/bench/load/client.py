@@ -2,7 +2,7 @@
 
 Starts the server (`python -m stages.05_streaming serve`) in its own process on a free loopback port, sends
 the chat workload through `/v1/chat/completions` with ``"stream": true``, records when each request was sent
-and when each chunk arrived, then shuts the server down; `load_metrics` turns the records into vLLM's
+and when each chunk arrived, then shuts the server down; `metrics` turns the records into vLLM's
 figures. Requests arrive as vLLM's benchmark sends them: all at once (``--request-rate inf``, its default)
 or as a Poisson process (exponential gaps, seeded), each waiting for one of ``--max-concurrency`` slots if
 a cap is given. A cap at rate inf is a closed loop: N clients, each sending its next request when its last
@@ -33,9 +33,9 @@ from urllib.parse import SplitResult, urlsplit
 import httpx
 from rich.console import Console
 
-from common.tools.workloads import CHAT_QUESTIONS
+from stages.workloads import CHAT_QUESTIONS
 
-from .load_metrics import calculate_metrics, metrics_table
+from .metrics import calculate_metrics, metrics_table
 
 
 @dataclass

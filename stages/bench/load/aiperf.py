@@ -25,8 +25,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .load import LoadSettings
-from .load_metrics import LATENCIES, calculate_metrics
+from .client import LoadSettings
+from .metrics import LATENCIES, calculate_metrics
 from .proc_cpu import CpuSampler
 
 AIPERF_NAMES = {"ttft": "time_to_first_token", "tpot": "inter_token_latency", "itl": "inter_chunk_latency",
@@ -61,7 +61,7 @@ def aiperf_command(aiperf: str, url: str, s: LoadSettings, tokenizer: str, input
 
 
 def from_aiperf(export: dict, percentiles: tuple[float, ...]) -> dict:
-    """aiperf's summary export (profile_export_aiperf.json) under `load_metrics`' names; what it lacks is None."""
+    """aiperf's summary export (profile_export_aiperf.json) under `metrics`' names; what it lacks is None."""
     def stat(tag: str, key: str = "avg"):
         return export.get(tag, {}).get(key)
 

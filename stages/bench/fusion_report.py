@@ -1,4 +1,4 @@
-"""`python -m stages.04_kernels --fusion`: what fusion removes from a decode step, counted by the code itself.
+"""`python -m stages.bench.fusion_report`: what fusion removes from a decode step, counted by the code itself.
 
 The same batch of requests is brought to the same point by stage 03 and by stage 04, and one
 decode step of each is run under a counter that sees every tensor operation torch executes
@@ -8,6 +8,7 @@ memory traffic the step would cost if nothing stayed in cache.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib
 import time
@@ -19,10 +20,10 @@ from rich.table import Table
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from common.numerics import native
-from common.tools import workloads
+from stages import workloads
 from common.sampling import SamplingParams
 
-from .cpu_fusion import SOURCE as FUSED_SOURCE
+FUSED_SOURCE = importlib.import_module("stages.04_kernels.cpu_fusion").SOURCE
 
 VIEWS = {"view", "_unsafe_view", "as_strided", "slice", "select", "unsqueeze", "squeeze", "expand", "t", "transpose",
          "permute", "alias", "detach", "_reshape_alias", "unbind", "split", "chunk", "narrow", "split_with_sizes",
@@ -157,3 +158,11 @@ def main(requests: int = 32, context: int = 128) -> None:
     gone = {k: a["by_op"][k] - b["by_op"].get(k, 0) for k in a["by_op"] if a["by_op"][k] > b["by_op"].get(k, 0)}
     by_count = sorted(gone.items(), key=lambda x: -x[1])
     console.print("operations fusion removed per step: " + ", ".join(f"{k} {v}" for k, v in by_count))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-num-seqs", type=int, default=16, help="requests in the decode step counted")
+    ap.add_argument("--context", type=int, default=128, help="tokens each request holds when it is counted")
+    args = ap.parse_args()
+    main(args.max_num_seqs, args.context)
