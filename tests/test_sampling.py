@@ -166,7 +166,7 @@ def test_one_uniform_draw_a_token_from_the_requests_stream():
 def test_the_nucleus_found_in_the_head_is_the_one_the_whole_row_gives(spread, top_p, monkeypatch):
     """Peaked rows find their nucleus among the largest 1,024 probabilities, flat ones need the whole row; forcing the
     whole row every time must not change a token of the kept set."""
-    import common.sampling as sampling
+    import common.sampler as sampling
     probs = torch.softmax(torch.randn(49152, generator=torch.Generator().manual_seed(7)) * spread, -1)
     from_head = nucleus(probs, top_p)
     whole_row = sampling.descending_heads

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from common import SamplingParams, Sequence
+from common.engine import SeqOutput
 from workloads import checked_steps, examples
 
 paged = importlib.import_module("stages.03_paged_kv")
@@ -27,8 +28,8 @@ def scheduler(num_blocks: int, block_size: int, max_num_seqs: int = 4, budget: i
 def step(s) -> list[tuple[Sequence, int]]:
     """Plan a step, then do what the runner does: the fed tokens become cached, a completed one samples a token."""
     seqs, lens = s.schedule()
-    tokens = [7 if seq.num_cached_tokens + n == len(seq) else None for seq, n in zip(seqs, lens)]
-    s.postprocess(seqs, lens, tokens)
+    outputs = [SeqOutput([7] if seq.num_cached_tokens + n == len(seq) else []) for seq, n in zip(seqs, lens)]
+    s.postprocess(seqs, lens, outputs)
     return list(zip(seqs, lens))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import given, strategies as st
 
 from common import SamplingParams
-from stages.paged_kv import BlockAudit
+from stages import paged_kv
 from stages.workloads import TOY_LENGTHS, toy
 
 from .checks_server import check_05_3
@@ -111,7 +111,7 @@ def paged_llm(v, num_blocks: int, max_num_seqs: int, token_budget: int = 64):
     per_block = BLOCK * reference().config.kv_bytes_per_token(2)  # bfloat16
     llm = v.module("engine").LLM("tiny", dtype="bfloat16", max_num_seqs=max_num_seqs, block_size=BLOCK,
                                  kv_cache_memory_bytes=num_blocks * per_block, max_num_batched_tokens=token_budget)
-    llm.add_observer(BlockAudit(llm.engine))
+    llm.add_observer(paged_kv.BlockAudit(llm.engine))
     return llm
 
 
