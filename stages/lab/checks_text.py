@@ -7,7 +7,7 @@ import functools
 import torch
 from hypothesis import given, strategies as st
 
-from common.engine import advance
+from common.engine import SeqOutput, advance
 from common.numerics import ops
 from common.prepare import resolve_model
 from common.sampling import SamplingParams
@@ -110,7 +110,7 @@ def stream(streams, ids: list[int], stop: str) -> None:
     seq.detokenizer = module_detokenizer(tok)
     shown = ""
     for k, token in enumerate(ids):
-        advance(seq, 1, token)
+        advance(seq, 1, SeqOutput([token]))
         now = seq.output_text[:streams.stable_text_len(seq)]
         assert now.startswith(shown) and want.startswith(now), (
             f"stop string {stop!r}: after token {k + 1} the stream would show {now!r}, but it had shown {shown!r} "
