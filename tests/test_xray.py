@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import SamplingParams
-from common.tools.workloads import toy
+from stages.workloads import toy
 from stages.xray import Recorder, TraceError, audit, load, replay, save
 from stages.xray import chrome, page
 from workloads import TINY_VOCAB, examples, sampling_params

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from common import SamplingParams
-from common.tools.workloads import toy
+from stages.workloads import toy
 from stages.xray import Recorder, page, replay
 from stages.xray.browser import chromium_path, launch, open_offline, wait_js
 from workloads import Server, wait_until

@@ -146,11 +146,11 @@ def test_a_client_that_falls_behind_is_resynced_from_a_keyframe(monkeypatch):
 
 
 @pytest.mark.parametrize("flag", [["--no-xray"], []])
-def test_load_passes_the_xray_flags_to_its_server(monkeypatch, flag):
-    main = importlib.import_module("stages.05_streaming.__main__")
+def test_the_load_benchmark_passes_the_xray_flags_to_its_server(monkeypatch, flag):
+    load = importlib.import_module("stages.bench.load.__main__")
     captured = {}
-    monkeypatch.setattr(main, "run", lambda args: captured.update(args=args))
-    main.main(["load", "--model", "tiny", "--xray", "run.html", "--trace", "run.json"] + flag)
-    out = main.serve_arguments(captured["args"])
+    monkeypatch.setattr(load, "run_load", lambda args, console: captured.update(args=args))
+    load.main(["--model", "tiny", "--xray", "run.html", "--trace", "run.json"] + flag)
+    out = load.options.serve_arguments(captured["args"])
     assert out[out.index("--xray") + 1] == "run.html" and out[out.index("--trace") + 1] == "run.json"
     assert ("--no-xray" in out) == bool(flag)

@@ -24,15 +24,28 @@ def workload(n: int, tokens: int, seed: int = 0):
     return prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
 
-def one_run(llm, prompts, params, record: bool) -> tuple[float, Recorder | None]:
-    rec = llm.add_observer(Recorder("bench")) if record else None
+class Timed(Recorder):
+    """The recorder, timing itself: the seconds its on_step took, a figure a busy machine disturbs far less than
+    two runs' tokens/s."""
+
+    seconds = 0.0
+
+    def on_step(self, event) -> None:
+        start = time.perf_counter()
+        super().on_step(event)
+        self.seconds += time.perf_counter() - start
+
+
+def one_run(llm, prompts, params, record: bool) -> tuple[float, float, Timed | None]:
+    """(output tokens/s, the run's seconds, the recorder)."""
+    rec = llm.add_observer(Timed("bench")) if record else None
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - start
     if rec is not None:
         rec.end_run(write=False)
         llm.remove_observer(rec)
-    return sum(len(o.token_ids) for o in outs) / seconds, rec
+    return sum(len(o.token_ids) for o in outs) / seconds, seconds, rec
 
 
 def open_times(path: Path, times: int) -> list[float]:
@@ -57,20 +70,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3, help="runs with the recording off and on, alternating")
     ap.add_argument("--out", default=None, help="where to write the page (default: a temporary folder)")
     args = ap.parse_args(argv)
-    llm = importlib.import_module(f"stages.{args.stage}").LLM(args.model, max_num_seqs=args.max_num_seqs)
+    stage = importlib.import_module(f"stages.{args.stage}")
     prompts, params = workload(args.num_requests, args.max_tokens)
-    one_run(llm, prompts[:4], params, False)  # warm-up
-    off, on, rec = [], [], None
-    for _ in range(args.rounds):
-        off.append(one_run(llm, prompts, params, False)[0])
-        rate, rec = one_run(llm, prompts, params, True)
+    one_run(stage.LLM(args.model, max_num_seqs=args.max_num_seqs), prompts[:4], params, False)  # warm-up
+    off, on, share, rec = [], [], [], None
+    for _ in range(args.rounds):  # a fresh engine each run: no run finds another's prompts in its prefix cache
+        off.append(one_run(stage.LLM(args.model, max_num_seqs=args.max_num_seqs), prompts, params, False)[0])
+        rate, seconds, rec = one_run(stage.LLM(args.model, max_num_seqs=args.max_num_seqs), prompts, params, True)
         on.append(rate)
+        share.append(rec.seconds / seconds)
     path = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="xray-bench-")) / "bench.html"
     size = page.write(rec.trace(), path)
     steps = len(rec.runs[0].steps)
     figures = {"output tok/s off": statistics.median(off), "output tok/s on": statistics.median(on),
                "page bytes": size, "steps": steps}
     figures["on / off"] = figures["output tok/s on"] / figures["output tok/s off"]
+    figures["recorder share of run"] = statistics.median(share)  # the time its on_step took, over the run's
+    figures["recorder ms per step"] = rec.seconds / steps * 1e3
     try:
         figures["open s (median of 3)"] = statistics.median(open_times(path, 3))
     except RuntimeError as e:  # no chromium here

@@ -65,3 +65,18 @@ def wait_js(page, expression: str, timeout: float = 30.0) -> None:
         if time.perf_counter() > end:
             raise TimeoutError(f"the page never made {expression!r} true within {timeout:.0f} s")
         time.sleep(0.01)
+
+
+def screenshot(path: str | os.PathLike, out: str | os.PathLike, run: int = 0, step: int = 0,
+               request: int | None = None, width: int = 1400) -> None:
+    """A PNG of the page at one step of one run (the docs' pictures): ``request`` selects a request by its label."""
+    with launch() as browser:
+        page, _, tried, errors = open_offline(browser, path, (width, 900))
+        if tried or errors:
+            raise RuntimeError(f"the page asked for {tried} or raised {errors}")
+        page.evaluate(f"window.xray.selectRun({run})")
+        if request is not None:
+            page.evaluate(f"window.xray.selectRequest([...window.xray.runs[{run}].requests.values()]"
+                          f".find((r) => r.index === {request}).seq)")
+        page.evaluate(f"window.xray.setStep({step})")
+        page.screenshot(path=str(out), full_page=True)

@@ -1,9 +1,10 @@
 """The X-ray page: one self-contained HTML file (styles, script and data inline; no network) that replays a
 recording, or, served by stage 05 at /xray, follows the engine live.
 
-The template (page.html), its style (page.css) and its script (page.js) sit beside this file, so each reads as
-what it is; `render` pastes them and the data into one page. The page's Content-Security-Policy allows no
-request at all (a recording) or only its own server's events (live).
+The template (web/page.html), its style (web/page.css) and its script (web/*.js: the model of a run, the charts,
+the cards, the app) are files of their own, so each reads as what it is; `render` pastes them and the data into
+one page, the scripts into one function scope. No build step: plain JavaScript, a canvas and the DOM. The
+page's Content-Security-Policy allows no request at all (a recording) or only its own server's events (live).
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import json
 import os
 from pathlib import Path
 
-HERE = Path(__file__).parent
+WEB = Path(__file__).parent / "web"
+SCRIPTS = ["model.js", "charts.js", "cards.js", "app.js"]  # in this order: each uses what the ones before define
 
 
 def embed(data) -> str:
@@ -21,10 +23,11 @@ def embed(data) -> str:
 
 def render(trace: dict | None = None, live: dict | None = None) -> str:
     """The page for ``trace`` (a recording), or for a live server when ``live`` names its events URL."""
-    html = (HERE / "page.html").read_text(encoding="utf-8")
-    html = html.replace("__CSS__", (HERE / "page.css").read_text(encoding="utf-8"))
+    script = "\n".join((WEB / name).read_text(encoding="utf-8") for name in SCRIPTS)
+    html = (WEB / "page.html").read_text(encoding="utf-8")
+    html = html.replace("__CSS__", (WEB / "page.css").read_text(encoding="utf-8"))
     html = html.replace("__CONNECT__", "'self'" if live else "'none'")
-    html = html.replace("__JS__", (HERE / "page.js").read_text(encoding="utf-8"))
+    html = html.replace("__JS__", f'"use strict";\n(function () {{\n{script}}})();\n')
     return html.replace("__DATA__", embed({"trace": trace, "live": live}))
 
 
