@@ -166,9 +166,13 @@ def test_bad_trace_files_get_a_clear_error(tmp_path):
     llm = stages["03_paged_kv"].LLM("tiny", trace=tmp_path / "good.json")
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
     text = (tmp_path / "good.json").read_text()
-    (tmp_path / "cut.json").write_text(text[:len(text) // 2])
-    with pytest.raises(TraceError, match="ends early"):
-        load(tmp_path / "cut.json")
+    for cut in (len(text) // 2, len(text) // 3, len(text) - 1, 40):  # inside a string, a number, a list...
+        (tmp_path / "cut.json").write_text(text[:cut])
+        with pytest.raises(TraceError, match="ends early"):
+            load(tmp_path / "cut.json")
+    (tmp_path / "bad.json").write_text(text.replace('"seqs":', '"seqs"', 1))
+    with pytest.raises(TraceError, match="invalid JSON at line 1 column"):
+        load(tmp_path / "bad.json")
     other = json.loads(text) | {"version": 99}
     (tmp_path / "v99.json").write_text(json.dumps(other))
     with pytest.raises(TraceError, match="version 99 of the X-ray format; this stepwise reads version 1"):
@@ -198,3 +202,28 @@ def test_chrome_trace_has_a_slice_per_sequence_step_and_the_counters(tmp_path):
     queue = [e for e in events if e["ph"] == "C" and e["name"] == "queue"]
     assert len(queue) == llm.stats.steps
     assert all(e["ts"] >= 0 and e["dur"] > 0 for e in slices)
+
+
+def test_command_line_flags_write_the_three_files(tmp_path):
+    from rich.console import Console
+    from stages.cli import parser, run
+    files = {"--trace": tmp_path / "run.json", "--xray": tmp_path / "run.html",
+             "--chrome-trace": tmp_path / "run.perfetto.json"}
+    args = parser("test").parse_args(["--model", "tiny", "--workload", "random", "--num-requests", "3",
+                                      "--max-tokens", "4", "--max-num-seqs", "2"]
+                                     + [str(x) for kv in files.items() for x in kv])
+    console = Console(record=True, width=200)
+    rows = run(["stages.02_continuous_batch", "stages.03_paged_kv"], args, console)
+    trace = load(files["--trace"])
+    assert [r["label"] for r in trace["runs"]] == list(rows)
+    assert [len(r["steps"]) for r in trace["runs"]] == [row["steps"] for row in rows.values()]
+    assert page_data(files["--xray"].read_text()) == trace
+    assert json.loads(files["--chrome-trace"].read_text())["traceEvents"]
+    assert f"wrote the recording {files['--trace']}" in console.export_text().replace("\n", "")
+    bad = parser("test").parse_args(["--model", "tiny", "--xray", str(tmp_path / "no" / "run.html")])
+    with pytest.raises(SystemExit, match="--xray=.*the folder .* does not exist"):
+        run(["stages.02_continuous_batch"], bad, console)
+
+
+def page_data(html: str) -> dict:
+    return json.loads(html.split('<script type="application/json" id="xray-data">')[1].split("</script>")[0])["trace"]

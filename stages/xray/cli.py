@@ -23,10 +23,10 @@ def recorder(args: argparse.Namespace, meta: dict | None = None, label: str = "r
     """A recorder when a flag asks for one, else None."""
     if not (getattr(args, "trace", None) or getattr(args, "xray", None) or getattr(args, "chrome_trace", None)):
         return None
-    for path in (args.trace, args.xray, args.chrome_trace):
+    for flag, path in (("--trace", args.trace), ("--xray", args.xray), ("--chrome-trace", args.chrome_trace)):
         if path:
             try:
-                check_path(path)
+                check_path(path, flag)
             except ValueError as e:  # before the run, not after it
                 raise SystemExit(f"error: {e}") from None
     return Recorder(label, meta)

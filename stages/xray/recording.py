@@ -169,15 +169,15 @@ class Recorder:
         return {"format": FORMAT, "version": VERSION, "runs": [r.as_dict() for r in runs]}
 
 
-def check_path(path) -> None:
+def check_path(path, name: str = "trace") -> None:
     """A trace path must be writable before a run, not after it: fail now, naming the argument."""
     from common.validate import InvalidParam
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise InvalidParam("trace", f"trace={path!r} is invalid: give a file path (FILE.json, or FILE.html for the "
-                                    f"page)")
+        raise InvalidParam(name, f"{name}={path!r} is invalid: give a file path (FILE.json, or FILE.html for the "
+                                 f"page)")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise InvalidParam("trace", f"trace={str(path)!r}: the folder {folder} does not exist")
+        raise InvalidParam(name, f"{name}={str(path)!r}: the folder {folder} does not exist")
 
 
 def save(trace: dict, path: str | os.PathLike) -> None:
@@ -195,7 +195,7 @@ def load(path: str | os.PathLike) -> dict:
     try:
         trace = json.loads(text)
     except json.JSONDecodeError as e:
-        ended = e.pos >= len(text.rstrip())
+        ended = e.pos >= len(text.rstrip()) or not text.rstrip().endswith("}")  # a whole trace ends its object
         why = "it ends early (a truncated file?)" if ended else f"invalid JSON at line {e.lineno} column {e.colno}"
         raise TraceError(f"{path} is not a complete X-ray trace: {why}; record it again") from None
     check(trace, str(path))

@@ -214,7 +214,7 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
 
     app.include_router(v1)
     if xray and isinstance(engine, LocalEngine):  # the live X-ray at /xray (stages/xray/live.py)
-        add_xray_routes(app, llm, api_key)
+        add_xray_routes(app, engine.llm, api_key)
     return app
 
 
