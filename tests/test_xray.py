@@ -210,7 +210,7 @@ def test_command_line_flags_write_the_three_files(tmp_path):
     files = {"--trace": tmp_path / "run.json", "--xray": tmp_path / "run.html",
              "--chrome-trace": tmp_path / "run.perfetto.json"}
     args = parser("test").parse_args(["--model", "tiny", "--workload", "random", "--num-requests", "3",
-                                      "--max-tokens", "4", "--max-num-seqs", "2"]
+                                      "--max-tokens", "8", "--max-num-seqs", "2"]
                                      + [str(x) for kv in files.items() for x in kv])
     console = Console(record=True, width=200)
     rows = run(["stages.02_continuous_batch", "stages.03_paged_kv"], args, console)
