@@ -34,7 +34,8 @@ class LLM:
 
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0,
-                 batch_invariant: bool = True, quantization: str | None = None, **engine_options):
+                 batch_invariant: bool = True, quantization: str | None = None,
+                 trace: str | os.PathLike | None = None, **engine_options):
         # Wrong types fail here, before the model loads, with the argument's name.
         if max_model_len is not None:
             check_int("max_model_len", max_model_len, 2)
@@ -75,6 +76,11 @@ class LLM:
         self.stats = EngineStats()
         self.progress: Progress | None = None
         self.observers: list[Observer] = []  # attached with add_observer; they see every step of every run
+        self.trace = None  # trace=PATH: the X-ray's recorder (stages/xray), which writes PATH after each generate
+        if trace is not None:
+            from stages.xray.recording import Recorder  # lazily: an engine without a trace never imports it
+            label = type(self).__module__.removeprefix("stages.").removesuffix(".engine")
+            self.trace = self.add_observer(Recorder(label, path=trace))
         self.num_steps = 0  # steps this LLM has run, across runs
         self.started = time.perf_counter()  # the time axis of the step events
         torch.manual_seed(seed)
@@ -151,6 +157,8 @@ class LLM:
                 self._run(seqs)
         self.progress = None
         self.stats.wall_seconds = time.perf_counter() - start
+        if self.trace is not None:
+            self.trace.end_run()
         self.stats.output_tokens = sum(len(s.output_token_ids) for s in seqs)
         return [self.group_output(s) if isinstance(s, list) else s for s in slots]
 

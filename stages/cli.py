@@ -12,6 +12,7 @@ from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory, resolve_device
 from common.prepare import resolve_model
 from stages.report import print_blocks, print_timeline, summary_row, summary_table
+from stages.xray import cli as xray
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
                "stages.03_paged_kv": "03 paged", "stages.04_kernels": "04 kernels",
@@ -59,6 +60,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--toy", action="store_true", help="the 8-request toy run, stages side by side")
     ap.add_argument("--compare", action="store_true", help="run this stage and the previous one side by side")
     ap.add_argument("--timeline", action="store_true", help="draw the slot timeline even for long runs")
+    xray.add_arguments(ap)
     return ap
 
 
@@ -89,6 +91,7 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
         if args.model == "smollm2-135m":
             args.model = "tiny"  # the toy run is about steps, not text
     rows, timelines, blocks = {}, {}, {}
+    recorder = xray.recorder(args, {"model": args.model, "workload": args.workload, "kv_memory": args.kv_memory})
     for module in stage_modules:
         llm = make_llm(module, args)
         system = workloads.SYSTEM_PROMPT if args.system_prompt else None
@@ -100,8 +103,13 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
             params = [q.for_sample(i) for q in (replace(p, n=args.n) for p in params) for i in range(args.n)]
         elif args.n > 1:
             params = [replace(p, n=args.n) for p in params]
-        outputs = llm.generate(prompts, params, progress=True)
         name = STAGE_NAMES.get(module, module)
+        if recorder is not None:
+            llm.add_observer(recorder)
+            recorder.begin_run(name, {"requests": len(prompts), "max_num_seqs": llm.max_num_seqs})
+        outputs = llm.generate(prompts, params, progress=True)
+        if recorder is not None:
+            recorder.end_run(write=False)
         failed = [o for o in outputs if o.finish_reason == "error"]
         if failed and len(failed) == len(outputs):  # nothing ran: a table of zeros would only hide the reason
             raise SystemExit(f"{name}: every request failed: {failed[0].error}")
@@ -127,6 +135,8 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
              + (f" ({args.quantization} weights)" if getattr(args, "quantization", None) else "")
              + (f", KV budget {args.kv_memory}" if args.kv_memory else ""))
     console.print(summary_table(rows, title))
+    if recorder is not None:
+        xray.write_outputs(recorder, args, console)
     if len(rows) >= 2:
         (a, ra), (b, rb) = list(rows.items())[-2:]
         console.print(f"{b} vs {a}: {ra['steps'] / rb['steps']:.2f}x fewer steps, "

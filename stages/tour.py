@@ -70,6 +70,7 @@ def schedule(console: Console) -> dict:
         out[name] = llm.stats.steps
     console.print(f"static {out['01_static_batch']} steps -> continuous {out['02_continuous_batch']} steps "
                   f"for the same {sum(workloads.TOY_LENGTHS)} tokens")
+    console.print("See it step by step: python -m stages.01_static_batch --toy --xray toy.html (open it in a browser)")
     return out
 
 
@@ -101,6 +102,8 @@ def cache(console: Console, model: str, prompt: list[int]) -> tuple[dict, object
     for tokens, blocks in growth:
         console.print(f"  {tokens:>4} tokens computed -> block table {blocks}")
     out["block table growth"] = growth
+    console.print("See the pool fill and preempt: python -m stages.03_paged_kv --alone --model tiny --num-requests 12 "
+                  "--max-tokens 48 --kv-memory 512KiB --max-num-seqs 8 --xray paged.html")
     return out, llm
 
 

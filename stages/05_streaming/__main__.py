@@ -10,6 +10,7 @@ import argparse
 from rich.console import Console
 
 from common.validate import InvalidParam
+from stages.xray import cli as xray
 
 from .engine import LLM
 from .options import add_engine_arguments
@@ -74,18 +75,24 @@ def run(args: argparse.Namespace) -> None:
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
               max_waiting=args.max_waiting)
     console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}, {args.dtype}")
+    recorder = xray.recorder(args, {"model": args.model, "workload": args.command, "kv_memory": args.kv_memory},
+                             label=f"05 streaming ({args.command})")
+    if recorder is not None:  # --trace/--xray/--chrome-trace: written when the demo ends, or the server stops
+        llm.add_observer(recorder)
     try:
         if args.command == "serve":
             from .server.shutdown import serve
             origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
             serve(llm, args.host, args.port, args.served_model_name or args.model,
                   shutdown_timeout=args.shutdown_timeout, api_key=args.api_key, docs=args.docs,
-                  allowed_origins=origins, max_body_bytes=args.max_body_bytes)
+                  allowed_origins=origins, max_body_bytes=args.max_body_bytes, xray=not args.no_xray)
         else:
             from .demo import run_demo
             run_demo(llm, args.max_tokens, console)
     finally:
         llm.shutdown()
+        if recorder is not None:
+            xray.write_outputs(recorder, args, console)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import argparse
 import os
 
 from stages.cli import device_arg
+from stages.xray import cli as xray
 
 
 def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
@@ -23,6 +24,8 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-waiting", type=int, default=256, help="queue length past which requests get 503")
     ap.add_argument("--api-key", default=os.environ.get("STEPWISE_API_KEY"),
                     help="serve: require 'Authorization: Bearer KEY' on /v1/* (default: $STEPWISE_API_KEY)")
+    ap.add_argument("--no-xray", action="store_true", help="serve: no live X-ray page at /xray")
+    xray.add_arguments(ap)  # demo: written when it ends; serve (and the load benchmark's server): at shutdown
 
 
 def serve_arguments(args: argparse.Namespace) -> list[str]:
@@ -30,7 +33,8 @@ def serve_arguments(args: argparse.Namespace) -> list[str]:
     out = ["--model", args.model, "--dtype", args.dtype or "bfloat16", "--device", args.device,
            "--max-num-seqs", str(args.max_num_seqs or 16), "--max-waiting", str(args.max_waiting)]
     for flag, value in (("--quantization", args.quantization), ("--max-model-len", args.max_model_len),
-                        ("--kv-memory", args.kv_memory), ("--served-model-name", args.served_model_name)):
+                        ("--kv-memory", args.kv_memory), ("--served-model-name", args.served_model_name),
+                        ("--trace", args.trace), ("--xray", args.xray), ("--chrome-trace", args.chrome_trace)):
         if value is not None:
             out += [flag, str(value)]
-    return out
+    return out + ["--no-xray"] * args.no_xray

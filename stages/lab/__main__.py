@@ -19,7 +19,12 @@ def main(argv: list[str] | None = None) -> int:
                        ("check", "grade every task of your copy against the reference"),
                        ("solution", "print the solution of each task"), ("diff", "your copy against the solution"),
                        ("reset", "start the lab over (deletes your answers)")]:
-        sub.add_parser(name, help=text).add_argument("lab", choices=sorted(LABS))
+        command = sub.add_parser(name, help=text)
+        command.add_argument("lab", choices=sorted(LABS))
+        if name == "check":
+            command.add_argument("--xray", type=Path, default=None, metavar="DIR",
+                                 help="write each failing example that ran an engine (labs 01-03) as an X-ray page "
+                                      "in DIR: the run step by step")
     hint = sub.add_parser("hint", help="a hint for one task")
     hint.add_argument("lab", choices=sorted(LABS))
     hint.add_argument("task", help="e.g. 03.2, or just 2")
@@ -56,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.setdefault("TRITON_INTERPRET", "1")  # lab 04's kernel runs in Triton's interpreter on CPU
         from .grade import grade, rubric
         start = time.perf_counter()
-        results = grade(args.lab, root)
+        results = grade(args.lab, root, xray=args.xray)
         print(f"lab {args.lab} ({time.perf_counter() - start:.1f} s):\n{rubric(results)}")
         return 0 if all(r.passed for r in results) else 1
     return 0

@@ -18,6 +18,7 @@ from stages.workloads import TOY_LENGTHS, toy
 from .checks_server import check_05_3
 from .checks_text import check_04_1, check_05_1, check_05_2
 from .examples import hypothesis, reference
+from .xray import watch
 
 BLOCK = 4  # stage 03's block size in the checks: small, so that short prompts span several blocks
 
@@ -79,7 +80,7 @@ def continuous_steps(lengths: list[int], slots: int) -> int:
 def scheduling(v, want_toy: int, oracle, name: str) -> None:
     LLM = v.module("engine").LLM
     prompts, params = toy()
-    llm = LLM("tiny", dtype="bfloat16", max_num_seqs=4)
+    llm = watch(LLM("tiny", dtype="bfloat16", max_num_seqs=4))
     same_tokens(llm.generate(prompts, params), prompts, params)
     assert llm.stats.steps == want_toy, (f"the toy run (output lengths {TOY_LENGTHS}, 4 slots) took "
                                          f"{llm.stats.steps} steps; {name} takes {want_toy}")
@@ -88,7 +89,7 @@ def scheduling(v, want_toy: int, oracle, name: str) -> None:
     @given(workload=workload(), max_num_seqs=st.integers(1, 4))
     def same_tokens_and_steps(workload, max_num_seqs):
         prompts, params = workload
-        llm = LLM("tiny", dtype="bfloat16", max_num_seqs=max_num_seqs)
+        llm = watch(LLM("tiny", dtype="bfloat16", max_num_seqs=max_num_seqs))
         expected = same_tokens(llm.generate(prompts, params), prompts, params)
         lengths = [len(e.token_ids) for e in expected]
         want = oracle(lengths, max_num_seqs)
@@ -112,7 +113,7 @@ def paged_llm(v, num_blocks: int, max_num_seqs: int, token_budget: int = 64):
     llm = v.module("engine").LLM("tiny", dtype="bfloat16", max_num_seqs=max_num_seqs, block_size=BLOCK,
                                  kv_cache_memory_bytes=num_blocks * per_block, max_num_batched_tokens=token_budget)
     llm.add_observer(paged_kv.BlockAudit(llm.engine))
-    return llm
+    return watch(llm)
 
 
 def paged_run(llm, prompts, params, outs=None) -> list:

@@ -85,14 +85,16 @@ def describe(error: BaseException) -> str:
     return text + (f"\n{notes}" if notes else "")
 
 
-def grade_task(lab: Lab, task: Task, learner: str) -> Result:
+def grade_task(lab: Lab, task: Task, learner: str, xray: Path | None = None) -> Result:
+    """Grade one task; with ``xray`` (a folder), a failing example that ran an engine is written there as a page."""
     from . import checks
+    from .xray import capturing
     solution = (ROOT / task.file).read_text(encoding="utf-8")
     try:
         spliced = markers.splice(solution, learner, task.id, task.file)
     except markers.MarkerError as e:
         return Result(task, False, str(e))
-    key = (task.id, hashlib.sha256(spliced.encode()).hexdigest(), os.environ.get("STEPWISE_EXAMPLES_SCALE"))
+    key = (task.id, hashlib.sha256(spliced.encode()).hexdigest(), os.environ.get("STEPWISE_EXAMPLES_SCALE"), xray)
     if key in _verdicts:
         return _verdicts[key]
     start = time.perf_counter()
@@ -100,19 +102,21 @@ def grade_task(lab: Lab, task: Task, learner: str) -> Result:
         folder = Path(tmp) / lab.number
         folder.mkdir()
         variant = Variant(lab, task.file, spliced, folder)
-        try:
-            checks.CHECKS[task.id](variant)
-            result = Result(task, True)
-        except Exception as e:  # the learner's code may raise anything; the rubric says what and where
-            result = Result(task, False, describe(e))
-        finally:
-            variant.close()
+        with capturing(xray, task.id) as capture:
+            try:
+                checks.CHECKS[task.id](variant)
+                result = Result(task, True)
+            except Exception as e:  # the learner's code may raise anything; the rubric says what and where
+                result = Result(task, False, describe(e) + (capture.write() if capture else ""))
+            finally:
+                variant.close()
     result.seconds = time.perf_counter() - start
     _verdicts[key] = result
     return result
 
 
-def grade(number: str, workspace: Path | None = None, sources: dict[str, str] | None = None) -> list[Result]:
+def grade(number: str, workspace: Path | None = None, sources: dict[str, str] | None = None,
+          xray: Path | None = None) -> list[Result]:
     """Grade lab ``number``: every task, from the learner's files in ``workspace`` (or ``sources``: repository path
     -> the learner's text, which the tests use to grade the solution, the stubs and planted bugs)."""
     lab = LABS[number]
@@ -126,7 +130,7 @@ def grade(number: str, workspace: Path | None = None, sources: dict[str, str] | 
                 results.append(Result(task, False, f"{path} is missing: run `python -m stages.lab start {number}`"))
                 continue
             learner = path.read_text(encoding="utf-8")
-        results.append(grade_task(lab, task, learner))
+        results.append(grade_task(lab, task, learner, xray))
     return results
 
 

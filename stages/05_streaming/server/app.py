@@ -21,6 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from common.validate import clip
+from stages.xray.live import add_xray_routes
 
 from .backend import LocalEngine
 from ..engine import LLM, QueueFull, RequestStream, StreamChunk
@@ -33,7 +34,8 @@ from .drain import Drain
 
 
 def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = None, docs: bool = False,
-               allowed_origins: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               allowed_origins: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               xray: bool = True) -> FastAPI:
     engine = LocalEngine(llm) if isinstance(llm, LLM) else llm
     guards, drain = Guards(api_key, allowed_origins, max_body_bytes), Drain(engine)
     app = FastAPI(title="stepwise", version="0.1.0", lifespan=drain.lifespan,
@@ -211,6 +213,8 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
         return PlainTextResponse(await engine.metrics(), media_type="text/plain; version=0.0.4")
 
     app.include_router(v1)
+    if xray and isinstance(engine, LocalEngine):  # the live X-ray at /xray (stages/xray/live.py)
+        add_xray_routes(app, engine.llm, api_key)
     return app
 
 
