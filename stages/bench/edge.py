@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -33,6 +32,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from stages.bench import children
 from stages.bench.roofline import measure_read_bandwidth
 from stages.bench.edge_measure import (PRECISIONS, measure_llama_cpp, measure_side_by_side, measure_stepwise,
                                        side_by_side_ratios)
@@ -41,7 +41,7 @@ TARGET_MS = 100.0  # the lesson's latency target: a token, and the first one, wi
 
 
 def in_fresh_process(args: list[str]) -> dict:
-    run = subprocess.run([sys.executable, "-m", "stages.bench.edge", *args], capture_output=True, text=True)
+    run = children.run([sys.executable, "-m", "stages.bench.edge", *args], capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"stages.bench.edge {' '.join(args)} failed:\n{run.stderr[-2000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])

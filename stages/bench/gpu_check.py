@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 import time
 
@@ -17,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stages import workloads
-from stages.bench import roofline
+from stages.bench import children, roofline
 
 
 def bench(fn, repeats: int = 50) -> float:
@@ -91,7 +90,7 @@ def main() -> int:
         return 2
     t0 = time.perf_counter()
     console.rule("1. kernel tests, compiled, and every stage's tokens on CUDA against the reference")
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py", "tests/test_quant_cuda.py",
+    tests = children.run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py", "tests/test_quant_cuda.py",
                             "tests/test_identical_tokens.py::test_every_stage_on_cuda_gives_the_same_tokens"],
                            text=True, check=False)
     console.rule("2. kernel timings")
