@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from common.paths import home
-from common.prepare import Q4_1_FILE
+from common.gguf_convert import Q4_1_FILE
 
 from . import children
 from .baselines import Row, row
