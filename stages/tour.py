@@ -20,7 +20,7 @@ from rich.table import Table
 from common import ReferenceLLM, SamplingParams
 from common.loader import parse_memory
 from stages import workloads
-from stages.bench import quality, roofline
+from stages.bench import machine, quality, roofline
 from stages.report import print_timeline
 
 STAGE = {n: f"stages.{n}" for n in ("01_static_batch", "02_continuous_batch", "03_paged_kv", "05_streaming")}
@@ -108,7 +108,7 @@ def kernels_and_streaming(console: Console, model: str, prompt: list[int], mb: i
     console.rule("4. Kernels and streaming: the decode ceiling, a step against it, TTFT and TPOT")
     llm = stage("05_streaming").LLM(model)
     weights = llm.model.weight_bytes
-    bandwidth = roofline.measure_read_bandwidth("cpu" if llm.device.type == "cpu" else str(llm.device), mb)
+    bandwidth = machine.measure_read_bandwidth("cpu" if llm.device.type == "cpu" else str(llm.device), mb)
     chunks = list(llm.stream(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)))
     m = chunks[-1].metrics
     tpot, ttft = m.time_per_output_token, m.time_to_first_token

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stages.bench import roofline
-from common.config import ModelConfig
+from common.config import ModelConfig, kv_bytes
 from common.loader import parse_dtype, parse_memory
 from common.prepare import resolve_model
 
@@ -24,7 +24,7 @@ def capacity(per_token: int, budget: float, max_len: int, avg_len: int, block_si
 
 def print_capacity(console: Console, args: argparse.Namespace, avg_len: int = 160) -> None:
     article = roofline.Article()
-    rows = {"article 13B, 46 GB": capacity(roofline.kv_bytes_per_token(40, 40, 128, 2), article.cache_budget,
+    rows = {"article 13B, 46 GB": capacity(kv_bytes(40, 40, 128, 2), article.cache_budget,
                                            2048, 400, 16)}
     config = ModelConfig.from_folder(resolve_model(args.model))
     per_token = config.kv_bytes_per_token(parse_dtype(args.dtype).itemsize)

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stages.bench import children
-from stages.bench.roofline import measure_read_bandwidth
+from stages.bench.machine import measure_read_bandwidth
 from stages.bench.edge_measure import (PRECISIONS, measure_llama_cpp, measure_side_by_side, measure_stepwise,
                                        side_by_side_ratios)
 

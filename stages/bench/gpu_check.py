@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stages import workloads
-from stages.bench import children, roofline
+from stages.bench import children, machine
 
 
 def bench(fn, repeats: int = 50) -> float:
@@ -32,7 +32,7 @@ def bench(fn, repeats: int = 50) -> float:
 def kernel_table(console: Console, dtype=torch.bfloat16) -> None:
     ew = importlib.import_module("stages.04_kernels.elementwise")
     pa = importlib.import_module("stages.04_kernels.paged_attention")
-    dev, bw = "cuda", roofline.measure_bandwidth("cuda", mb=1024)
+    dev, bw = "cuda", machine.measure_bandwidth("cuda", mb=1024)
     rows, hidden, ffn, heads, kvh, d, bs = 64, 576, 1536, 9, 3, 64, 16
     x, res, w = (torch.randn(rows, hidden, device=dev, dtype=dtype) for _ in range(3))
     gate_up = torch.randn(rows, 2 * ffn, device=dev, dtype=dtype)

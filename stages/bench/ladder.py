@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 
 from stages import workloads
-from stages.bench import roofline
+from stages.bench import machine
 from stages.cli import STAGE_NAMES, parser
 from common.prepare import resolve_model
 from common.reference import ReferenceLLM
@@ -100,8 +100,8 @@ def measure(args: argparse.Namespace, console: Console) -> Ladder:
     """The machine (bandwidths, matmul rate), the workload as token ids, and one request alone through the
     reference (the ceiling each stage is held against)."""
     torch.manual_seed(0)
-    copy_bw, read_bw = roofline.measure_bandwidth(args.device), roofline.measure_read_bandwidth(args.device)
-    flops = roofline.measure_matmul_flops(args.device, getattr(torch, args.dtype))
+    copy_bw, read_bw = machine.measure_bandwidth(args.device), machine.measure_read_bandwidth(args.device)
+    flops = machine.measure_matmul_flops(args.device, getattr(torch, args.dtype))
     ref = ReferenceLLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization)
     if args.workload == "random":
         lo, hi = map(int, args.prompt_range.split(","))
