@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from rich.console import Console
 
+from common.paths import DEFAULT_MODEL
 from stages import workloads
 from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory, resolve_device
@@ -25,7 +26,7 @@ def device_arg(text: str) -> str:
 
 def parser(description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--model", default="smollm2-135m", help="checkpoint folder, 'smollm2-135m' or 'tiny'")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint folder, {DEFAULT_MODEL!r} or 'tiny'")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"],
                     help="weight-only quantization (common/numerics/quant.py); computes in bfloat16")
@@ -86,7 +87,7 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
     console = console or Console()
     if args.toy:
         args.workload, args.max_num_seqs = "toy", 4
-        if args.model == "smollm2-135m":
+        if args.model == DEFAULT_MODEL:
             args.model = "tiny"  # the toy run is about steps, not text
     rows, timelines, blocks = {}, {}, {}
     for module in stage_modules:

@@ -17,6 +17,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 from common.loader import parse_memory
 from stages import workloads
@@ -135,7 +136,7 @@ def same_tokens(ref: ReferenceLLM, paged, prompts: list[list[int]]) -> dict:
 
 def tour(quick: bool = False, console: Console | None = None) -> dict:
     console = console or Console()
-    model = "tiny" if quick else "smollm2-135m"
+    model = "tiny" if quick else DEFAULT_MODEL
     figures = {"model": model}
     figures["prepare"], ref = prepare(console, model, 128 if quick else 512)  # each model is loaded once
     prompts = quality.chat_prompts(ref, 4)

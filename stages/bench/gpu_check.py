@@ -15,6 +15,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from common.paths import DEFAULT_MODEL
 from stages import workloads
 from stages.bench import children, machine
 
@@ -68,7 +69,7 @@ def end_to_end(console: Console, num_requests: int = 128, max_tokens: int = 128)
     from stages.report import summary_row, summary_table
     rows, tokens = {}, {}
     for module, name in [("stages.03_paged_kv", "03 paged"), ("stages.04_kernels", "04 kernels")]:
-        llm = importlib.import_module(module).LLM("smollm2-135m", dtype="bfloat16", device="cuda",
+        llm = importlib.import_module(module).LLM(DEFAULT_MODEL, dtype="bfloat16", device="cuda",
                                                   max_num_seqs=64, max_num_batched_tokens=2048)
         prompts, params = workloads.chat(llm.tokenizer, num_requests, max_tokens)
         llm.generate(prompts[:4], params[:4])  # warm up (kernel compilation)

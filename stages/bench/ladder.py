@@ -8,7 +8,7 @@ backend, llama.cpp batched, HF continuous batching, each at every in-flight limi
 alone), each with a verdict line: stepwise's best stage over that peer. Writes the figures as JSON (--json,
 default bench-<workload>.json) and, with --plot FILE.png, a picture. With --rounds R the stages run R times,
 interleaved, and each keeps its median run, and one request alone (ours and HF's at batch 1) is timed R
-times, its median kept (this VM's speed moves by 10-30% from minute to minute).
+times, its median kept (a shared machine's speed moves from minute to minute: docs/ladder-runs.md).
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def measure_bandwidth(device: str = "cpu", mb: int = 256, repeats: int = 5) -> f
 def measure_read_bandwidth(device: str = "cpu", mb: int = 1024, repeats: int = 5) -> float:
     """Read-only bandwidth in bytes/s, best of ``repeats``: a sum reads every byte once and writes one number.
 
-    The buffer must be larger than the last-level cache (300 MB of L3 on the build machine), or the
+    The buffer must be larger than the last-level cache (a server CPU can hold hundreds of MB), or the
     cache, not memory, is what gets measured. Decoding reads its weights; it writes almost nothing."""
     buf = torch.ones(mb * 2**20 // 4, dtype=torch.float32, device=device)
     buf.sum()  # first touch: page faults are not bandwidth

@@ -9,11 +9,10 @@ a cap is given. A cap at rate inf is a closed loop: N clients, each sending its 
 one ends (``--clients N``, the same setting under its older name, 16 unless told). vLLM rescales its
 Poisson gaps so the last arrival lands at exactly N/R; these are left as drawn, as aiperf leaves them.
 
-The clients run in this process, as real clients would run elsewhere: with the server and 32 clients in
-one Python process, the clients' parsing competed with the engine's thread for the interpreter, and the
-run measured 0.84x of `generate` where the same server loaded from another process gave 0.97x. One short
-request warms the server first, untimed (if it fails, the run stops there and says why); a request that
-fails afterwards is counted as failed, as vLLM counts it.
+The server runs in a process of its own, as it would for real clients elsewhere: clients in the server's
+process would compete with the engine's thread for the interpreter and slow it (docs/streaming.md measures by
+how much). One short request warms the server first, untimed (if it fails, the run stops there and says why);
+a request that fails afterwards is counted as failed, as vLLM counts it.
 """
 from __future__ import annotations
 
