@@ -12,7 +12,7 @@ from stages import workloads
 from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory, resolve_device
 from common.prepare import resolve_model
-from stages.report import print_blocks, print_timeline, summary_row, summary_table
+from stages.report import describe_step_cost, print_blocks, print_timeline, summary_row, summary_table
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
                "stages.03_paged_kv": "03 paged", "stages.04_kernels": "04 kernels",
@@ -134,7 +134,6 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
                       f"{rb['output tok/s'] / ra['output tok/s']:.2f}x output tokens/s, TTFT p99 "
                       f"{ra['TTFT p99 s']:.2f} -> {rb['TTFT p99 s']:.2f} s, slot utilization "
                       f"{ra['slot util']:.1%} -> {rb['slot util']:.1%}")
-        from stages.bench.verdict import describe_step_cost
         if (model := describe_step_cost(rows)) is not None:
             console.print(model)
     return rows

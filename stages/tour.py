@@ -81,8 +81,8 @@ def cache(console: Console, model: str, prompt: list[int]) -> tuple[dict, object
     out = {"article reserving": a["sequences reserving 2,048"], "article paged": a["sequences paged at 400"]}
     llm = stage("03_paged_kv").LLM(model, block_size=16)
     per_token, budget = llm.config.kv_bytes_per_token(llm.model.dtype.itemsize), parse_memory("0.1", "cpu")
-    out["smollm2 reserving"] = roofline.seqs_reserving(budget, 2048, per_token)
-    out["smollm2 paged"] = roofline.seqs_paged(budget, 400, per_token)
+    out["smollm2 reserving"] = roofline.capacity.seqs_reserving(budget, 2048, per_token)
+    out["smollm2 paged"] = roofline.capacity.seqs_paged(budget, 400, per_token)
     console.print(table("Sequences that fit", ["model, KV budget", "reserving 2,048", "paged at 400"],
                         [["article 13B, 46 GB", out["article reserving"], out["article paged"]],
                          [f"{model}, 10% of this machine's free RAM ({budget / 1e9:.1f} GB)", out["smollm2 reserving"],

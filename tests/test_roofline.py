@@ -42,9 +42,9 @@ def test_edge_example():
 
 
 def test_paging_rounds_up_to_whole_blocks():
-    per_token = 100
-    assert roofline.seqs_paged(32 * 16 * per_token, 17, per_token, block_size=16) == 16  # 17 tokens hold 2 blocks
-    assert roofline.seqs_reserving(32 * 16 * per_token, 64, per_token) == 8
+    per_token, capacity = 100, roofline.capacity  # stage 03's arithmetic, which the roofline uses
+    assert capacity.seqs_paged(32 * 16 * per_token, 17, per_token, block_size=16) == 16  # 17 tokens hold 2 blocks
+    assert capacity.seqs_reserving(32 * 16 * per_token, 64, per_token) == 8
 
 
 @pytest.mark.real_model

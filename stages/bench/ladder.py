@@ -26,6 +26,7 @@ from stages.bench import machine
 from stages.cli import STAGE_NAMES, parser
 from common.prepare import resolve_model
 from common.reference import ReferenceLLM
+from stages.report import describe_step_cost
 
 from . import ladder_report, peers, verdict
 from .runs import hf_single_request, median_run, single_request, stage_row, stage_single_request
@@ -204,7 +205,7 @@ def judge(lad: Ladder, columns: dict, same: dict, peer_columns: dict, best, othe
     for n, ran in lad.stage_runs.items():
         verdicts[n] = verdict.verdict({k: v for k, v in ran.items() if "plain" not in k})
         steps_notes[n] = verdict.steps_against_rows(ran)
-        latency_notes[n] = (verdict.latency_verdict(ran), verdict.describe_step_cost(ran))
+        latency_notes[n] = (verdict.latency_verdict(ran), describe_step_cost(ran))
         if "03 paged, plain math" in ran:
             plain_ratio[n] = ran["03 paged"]["output tok/s"] / ran["03 paged, plain math"]["output tok/s"]
     peer_verdicts = verdict.peer_verdicts(lad.stage_runs, lad.peer_runs, best, others, peers.PEERS, peers.ALONE)

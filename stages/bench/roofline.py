@@ -14,6 +14,7 @@ per token, the memory a batch needs and the decode ceilings at ``--bandwidth`` G
 from __future__ import annotations
 
 import argparse
+import importlib
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,8 @@ from common.config import kv_bytes
 from common.paths import DEFAULT_MODEL
 
 from .machine import measure_bandwidth, measure_matmul_flops
+
+capacity = importlib.import_module("stages.03_paged_kv.capacity")  # how many requests fit: stage 03's lesson
 
 GB = 1e9
 
@@ -43,17 +46,6 @@ def decode_tokens_per_s(weights: float, bandwidth: float, batch: int = 1, contex
     return batch / step_seconds(weights, bandwidth, batch * context * per_token)
 
 
-def seqs_reserving(budget: float, max_len: int, per_token: int) -> int:
-    """Sequences that fit when each reserves ``max_len`` tokens up front (stages 01-02)."""
-    return int(budget // (max_len * per_token))
-
-
-def seqs_paged(budget: float, avg_len: int, per_token: int, block_size: int = 16) -> int:
-    """Sequences that fit when each holds whole blocks for the tokens it has (stage 03)."""
-    blocks = -(-avg_len // block_size)
-    return int(budget // (blocks * block_size * per_token))
-
-
 @dataclass
 class Article:
     """The article's illustrative 13B model on an 80 GB, 2,000 GB/s accelerator."""
@@ -62,14 +54,14 @@ class Article:
     kv_heads: int = 40
     head_dim: int = 128
     bandwidth: float = 2000 * GB
-    cache_budget: float = 46 * GB
+    cache_budget: float = capacity.ARTICLE_BUDGET  # 46 GB
     max_len: int = 2048
     avg_len: int = 400
     batch: int = 32
 
     def figures(self) -> dict[str, float]:
         w16, per_token = weight_bytes(self.params, 16), kv_bytes(self.layers, self.kv_heads, self.head_dim, 2)
-        reserved = seqs_reserving(self.cache_budget, self.max_len, per_token)
+        reserved = capacity.seqs_reserving(self.cache_budget, self.max_len, per_token)
         one = step_seconds(w16, self.bandwidth)  # the weights-only single-request step
         many = step_seconds(w16, self.bandwidth, self.batch * self.avg_len * per_token)
         return {
@@ -82,7 +74,7 @@ class Article:
             "tok/s, 1 x 400 tokens": decode_tokens_per_s(w16, self.bandwidth, 1, self.avg_len, per_token),
             "KV bytes per token": per_token, "GB per 2,048-token sequence": self.max_len * per_token / GB,
             "sequences reserving 2,048": reserved,
-            "sequences paged at 400": seqs_paged(self.cache_budget, self.avg_len, per_token),
+            "sequences paged at 400": capacity.seqs_paged(self.cache_budget, self.avg_len, per_token),
             "KV GB read, 27 x 2,048 tokens": reserved * self.max_len * per_token / GB,
             "tok/s, 27 x 2,048 tokens": decode_tokens_per_s(w16, self.bandwidth, reserved, self.max_len, per_token),
         }
