@@ -18,7 +18,7 @@ $(DEPS): pyproject.toml
 # Step 1 of an engine: turn the GGUF into a checkpoint folder (a no-op when already done).
 model: $(MODEL)
 
-$(MODEL): $(DEPS) common/prepare.py common/tokenizer.py
+$(MODEL): $(DEPS) common/prepare.py common/gguf_convert.py common/tokenizer.py
 	$(BIN)/python -m common.prepare --dtype float32
 	$(BIN)/python -m common.prepare --tiny
 	touch $@

@@ -134,8 +134,13 @@ class ModelConfig:
         )
 
     def kv_bytes_per_token(self, bytes_per_value: int) -> int:
-        """Keys and values of one token across all layers: 2 x layers x KV heads x head size x bytes."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * bytes_per_value
+        return kv_bytes(self.num_hidden_layers, self.num_key_value_heads, self.head_dim, bytes_per_value)
+
+
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
+    """Keys and values of one token across all layers: 2 x layers x KV heads x head size x bytes (the capacity
+    lesson's arithmetic, for a config or for the article's model, which has none)."""
+    return 2 * layers * kv_heads * head_dim * bytes_per_value
 
 
 def read_rope(raw: dict, where: str) -> tuple[str, float, dict]:

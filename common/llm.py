@@ -76,9 +76,9 @@ class LLM:
         self.stats = EngineStats()
         self.progress: Progress | None = None
         self.observers: list[Observer] = []  # attached with add_observer; they see every step of every run
-        self.trace = None  # trace=PATH: the X-ray's recorder (stages/xray), which writes PATH after each generate
+        self.trace = None  # trace=PATH: the X-ray's recorder (common/trace.py), which writes PATH after each generate
         if trace is not None:
-            from stages.xray.recording import Recorder  # lazily: an engine without a trace never imports it
+            from common.trace import Recorder  # lazily: an engine without a trace never imports it
             label = type(self).__module__.removeprefix("stages.").removesuffix(".engine")
             self.trace = self.add_observer(Recorder(label, path=trace))
         self.num_steps = 0  # steps this LLM has run, across runs

@@ -7,11 +7,12 @@ from dataclasses import replace
 
 from rich.console import Console
 
+from common.paths import DEFAULT_MODEL
 from stages import workloads
 from common.config import ModelConfig
 from common.loader import parse_dtype, parse_memory, resolve_device
 from common.prepare import resolve_model
-from stages.report import print_blocks, print_timeline, summary_row, summary_table
+from stages.report import describe_step_cost, print_blocks, print_timeline, summary_row, summary_table
 from stages.xray import cli as xray
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
@@ -26,7 +27,7 @@ def device_arg(text: str) -> str:
 
 def parser(description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--model", default="smollm2-135m", help="checkpoint folder, 'smollm2-135m' or 'tiny'")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint folder, {DEFAULT_MODEL!r} or 'tiny'")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"],
                     help="weight-only quantization (common/numerics/quant.py); computes in bfloat16")
@@ -88,7 +89,7 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
     console = console or Console()
     if args.toy:
         args.workload, args.max_num_seqs = "toy", 4
-        if args.model == "smollm2-135m":
+        if args.model == DEFAULT_MODEL:
             args.model = "tiny"  # the toy run is about steps, not text
     rows, timelines, blocks = {}, {}, {}
     recorder = xray.recorder(args, {"model": args.model, "workload": args.workload, "kv_memory": args.kv_memory})
@@ -143,7 +144,6 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
                       f"{rb['output tok/s'] / ra['output tok/s']:.2f}x output tokens/s, TTFT p99 "
                       f"{ra['TTFT p99 s']:.2f} -> {rb['TTFT p99 s']:.2f} s, slot utilization "
                       f"{ra['slot util']:.1%} -> {rb['slot util']:.1%}")
-        from stages.bench.verdict import describe_step_cost
         if (model := describe_step_cost(rows)) is not None:
             console.print(model)
     return rows

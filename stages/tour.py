@@ -17,10 +17,11 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 from common.loader import parse_memory
 from stages import workloads
-from stages.bench import quality, roofline
+from stages.bench import machine, quality, roofline
 from stages.report import print_timeline
 
 STAGE = {n: f"stages.{n}" for n in ("01_static_batch", "02_continuous_batch", "03_paged_kv", "05_streaming")}
@@ -81,8 +82,8 @@ def cache(console: Console, model: str, prompt: list[int]) -> tuple[dict, object
     out = {"article reserving": a["sequences reserving 2,048"], "article paged": a["sequences paged at 400"]}
     llm = stage("03_paged_kv").LLM(model, block_size=16)
     per_token, budget = llm.config.kv_bytes_per_token(llm.model.dtype.itemsize), parse_memory("0.1", "cpu")
-    out["smollm2 reserving"] = roofline.seqs_reserving(budget, 2048, per_token)
-    out["smollm2 paged"] = roofline.seqs_paged(budget, 400, per_token)
+    out["smollm2 reserving"] = roofline.capacity.seqs_reserving(budget, 2048, per_token)
+    out["smollm2 paged"] = roofline.capacity.seqs_paged(budget, 400, per_token)
     console.print(table("Sequences that fit", ["model, KV budget", "reserving 2,048", "paged at 400"],
                         [["article 13B, 46 GB", out["article reserving"], out["article paged"]],
                          [f"{model}, 10% of this machine's free RAM ({budget / 1e9:.1f} GB)", out["smollm2 reserving"],
@@ -111,7 +112,7 @@ def kernels_and_streaming(console: Console, model: str, prompt: list[int], mb: i
     console.rule("4. Kernels and streaming: the decode ceiling, a step against it, TTFT and TPOT")
     llm = stage("05_streaming").LLM(model)
     weights = llm.model.weight_bytes
-    bandwidth = roofline.measure_read_bandwidth("cpu" if llm.device.type == "cpu" else str(llm.device), mb)
+    bandwidth = machine.measure_read_bandwidth("cpu" if llm.device.type == "cpu" else str(llm.device), mb)
     chunks = list(llm.stream(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)))
     m = chunks[-1].metrics
     tpot, ttft = m.time_per_output_token, m.time_to_first_token
@@ -138,7 +139,7 @@ def same_tokens(ref: ReferenceLLM, paged, prompts: list[list[int]]) -> dict:
 
 def tour(quick: bool = False, console: Console | None = None) -> dict:
     console = console or Console()
-    model = "tiny" if quick else "smollm2-135m"
+    model = "tiny" if quick else DEFAULT_MODEL
     figures = {"model": model}
     figures["prepare"], ref = prepare(console, model, 128 if quick else 512)  # each model is loaded once
     prompts = quality.chat_prompts(ref, 4)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import replace
 
 from common.sampling import SamplingParams
@@ -40,6 +41,24 @@ def toy(tokenizer=None) -> tuple[list, list[SamplingParams]]:
     """8 requests whose output lengths are fixed (ignore_eos), one token per request per step."""
     prompts = [[100 + i, 200 + i, 300 + i] for i in range(len(TOY_LENGTHS))]
     return prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in TOY_LENGTHS]
+
+
+def static_steps(lengths: list[int], slots: int) -> int:
+    """Steps for requests of these output lengths under static batching (stage 01): batches of ``slots`` requests
+    in arrival order, each as long as its longest request. The toy's 160."""
+    return sum(max(lengths[i:i + slots]) for i in range(0, len(lengths), slots))
+
+
+def continuous_steps(lengths: list[int], slots: int) -> int:
+    """Steps for requests of these output lengths when a freed slot is refilled at the next step (stages 02-05,
+    llama.cpp batched): a request holds its slot for one step per token. The toy's 112."""
+    waiting, running, steps = deque(lengths), [], 0
+    while waiting or running:
+        while waiting and len(running) < slots:
+            running.append(waiting.popleft())
+        running = [n - 1 for n in running if n > 1]
+        steps += 1
+    return steps
 
 
 def chat(tokenizer, n: int, max_tokens: int = 128, seed: int = 0,

@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common.paths import DEFAULT_MODEL  # noqa: E402
 from common.prepare import resolve_model  # noqa: E402
 
 
@@ -23,7 +24,7 @@ def tiny_folder():
 
 @pytest.fixture(scope="session")
 def real_folder():
-    return resolve_model("smollm2-135m")
+    return resolve_model(DEFAULT_MODEL)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 from workloads import Server
 
@@ -24,7 +25,7 @@ cluster = importlib.import_module("stages.05_streaming.cluster.deploy")
 streaming = importlib.import_module("stages.05_streaming")
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray Serve is not installed (pip install -e '.[cluster]')")
-REAL = "smollm2-135m"
+REAL = DEFAULT_MODEL
 # A replica starts in seconds on an idle machine, in minutes on one busy core shared with other work.
 STARTUP_BOUND = float(os.environ.get("STEPWISE_CLUSTER_STARTUP_BOUND", 240))
 

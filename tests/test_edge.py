@@ -2,12 +2,12 @@
 import pytest
 
 from common.numerics.quant import precision_bytes
-from stages.bench import roofline
+from stages.bench import machine
 from stages.bench import edge, edge_measure
 
 
 def test_read_bandwidth_is_positive_and_finite():
-    assert 1e8 < roofline.measure_read_bandwidth(mb=16, repeats=2) < 1e13
+    assert 1e8 < machine.measure_read_bandwidth(mb=16, repeats=2) < 1e13
 
 
 @pytest.mark.parametrize("quantization", ["int4"])

@@ -9,6 +9,7 @@ import importlib
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 from workloads import TINY_VOCAB, checked_steps, sampling_params
 
@@ -77,7 +78,7 @@ def test_every_stage_gives_the_reference_tokens(reference, workload):
 @pytest.mark.real_model
 def test_real_model_every_stage(dtype, quantization):
     """SmolLM2 itself, in each precision: greedy, top-k and top-p with a stop string, arrivals out of order."""
-    ref = ReferenceLLM("smollm2-135m", dtype=dtype, quantization=quantization)
+    ref = ReferenceLLM(DEFAULT_MODEL, dtype=dtype, quantization=quantization)
     chat = lambda q: ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])  # noqa: E731
     prompts = [chat("Name a primary colour."), chat("What is 2 + 2?"), chat("Write a short greeting.")]
     params = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.8, top_k=50, seed=11,
@@ -87,7 +88,7 @@ def test_real_model_every_stage(dtype, quantization):
     knobs = {"max_num_seqs": 2, "block_size": 16, "spare_blocks": 0, "token_budget": 24,
              "enable_prefix_caching": True}
     for stage in STAGES:
-        llm = build(stage, "smollm2-135m", dtype, knobs, prompts, params, quantization)
+        llm = build(stage, DEFAULT_MODEL, dtype, knobs, prompts, params, quantization)
         assert llm.quantization == quantization
         got = run_in_order(llm, prompts, params, [2, 0, 1])
         assert [g.token_ids for g in got] == expected, stage
@@ -113,7 +114,7 @@ def test_every_stage_gives_the_reference_tokens_quantized(quantized_reference, w
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device: the GPU path is checked where "
                     "one is present (python -m stages.04_kernels --gpu-check runs this test too)")
 @pytest.mark.parametrize("quantization", [None, "int8", "int4"])
-@pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2-135m", marks=pytest.mark.real_model)])
+@pytest.mark.parametrize("model", ["tiny", pytest.param(DEFAULT_MODEL, marks=pytest.mark.real_model)])
 def test_every_stage_on_cuda_gives_the_same_tokens(model, quantization):
     """On CUDA (device='auto' picks it) every stage, stage 04's Triton kernels included, gives the reference's
     tokens: chunked prefill, preemption and a shared prefix in the mix; quantized, on quant_cuda.py's kernels."""

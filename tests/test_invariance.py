@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from common.paths import DEFAULT_MODEL
 from common.numerics import native, ops
 from common.numerics import attention_tiles as attention_module
 from common.numerics.attention import AttentionMetadata, attention
@@ -255,7 +256,7 @@ def test_plain_math_step_is_close_to_the_invariant_one():
     from common.prepare import resolve_model
     logits = {}
     for invariant in (True, False):
-        model = load_model(resolve_model("smollm2-135m"), "float32", batch_invariant=invariant)
+        model = load_model(resolve_model(DEFAULT_MODEL), "float32", batch_invariant=invariant)
         cache = ContiguousKVCache(model.config, 3, 128, torch.float32, CPU, batch_invariant=invariant)
         lens = [40, 7, 19]
         ids = torch.randint(0, 49152, (sum(lens),), generator=torch.Generator().manual_seed(0))

@@ -7,7 +7,7 @@ import pytest
 
 from common import ReferenceLLM, SamplingParams
 from stages import workloads
-from workloads import continuous_steps  # tests/workloads.py, not stages.workloads
+from stages.workloads import continuous_steps
 from stages.cli import STAGE_NAMES, make_llm
 from common.prepare import resolve_model
 

@@ -4,7 +4,7 @@ import torch
 
 from common import ReferenceLLM, SamplingParams
 from common.kv_cache import ContiguousKVCache
-from common.paths import smollm2_gguf_path
+from common.paths import DEFAULT_MODEL, smollm2_gguf_path
 
 LOGIT_ATOL = 2e-3  # float32, logits of magnitude ~40; measured max difference is ~1e-4
 
@@ -36,7 +36,7 @@ def hf_models(real_folder):
 
 @pytest.fixture(scope="module")
 def reference():
-    return ReferenceLLM("smollm2-135m", dtype="float32")
+    return ReferenceLLM(DEFAULT_MODEL, dtype="float32")
 
 
 def prompt_ids(ref, prompt):
@@ -87,7 +87,7 @@ def test_greedy_64_tokens_match_transformers(hf_models, reference, i):
 # ---- int4: the GGUF's own 4-bit weights (numerics/quant.py) ------------------------------------------------------
 @pytest.fixture(scope="module")
 def int4_reference():
-    return ReferenceLLM("smollm2-135m", quantization="int4")
+    return ReferenceLLM(DEFAULT_MODEL, quantization="int4")
 
 
 HF_PARTS = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "o": ["self_attn.o_proj"],

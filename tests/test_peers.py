@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM
 from stages import workloads
-from workloads import continuous_steps  # tests/workloads.py, not stages.workloads
+from stages.workloads import continuous_steps
 from stages.bench import peers, verdict
 
 ladder = importlib.import_module("stages.__main__")
@@ -131,7 +132,7 @@ def test_llama_cpp_batched_gives_the_tokens_of_llama_cpp_one_request_at_a_time()
     from common.paths import smollm2_gguf_path
     from stages.bench import peer_llama_cpp
 
-    ref = ReferenceLLM("smollm2-135m", dtype="bfloat16")
+    ref = ReferenceLLM(DEFAULT_MODEL, dtype="bfloat16")
     texts, _ = workloads.build("chat", ref.tokenizer, 3, 16, ref.config.vocab_size)
     ids = [ref.tokenizer.encode(t) if isinstance(t, str) else t for t in texts]
     limits = [9, 16, 16]

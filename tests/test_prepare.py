@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from common.prepare import prepare_smollm2, prepare_tiny, unpermute_qk, write_atomically
+from common.gguf_convert import prepare_smollm2, unpermute_qk, write_atomically
+from common.prepare import prepare_tiny
 
 
 def llama_cpp_permute(w, n_head):

@@ -5,12 +5,13 @@ The full command scores the whole text (3,573 tokens) and 16 prompts x 64 tokens
 and 4 prompts x 16 tokens, enough to catch a precision that broke the model."""
 import pytest
 
+from common.paths import DEFAULT_MODEL
 from stages.bench import quality
 
 
 @pytest.fixture(scope="module")
 def rows():
-    return quality.measure("smollm2-135m", quality.PRECISIONS, prompts=4, tokens=16, window=512, max_text_tokens=512)
+    return quality.measure(DEFAULT_MODEL, quality.PRECISIONS, prompts=4, tokens=16, window=512, max_text_tokens=512)
 
 
 def test_the_text_is_a_few_thousand_public_domain_tokens():

@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from safetensors import safe_open
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM
 from common.numerics.invariant import CANDIDATE_TILES, ROW_TILE, choose_row_tile
 from common.numerics.int4 import Int4Linear, q4_1_groups, q4_1_quantize
@@ -151,7 +152,7 @@ def test_smollm2_sizes():
     from common.loader import expected_shapes
     from common.prepare import resolve_model
 
-    shapes = expected_shapes(ModelConfig.from_folder(resolve_model("smollm2-135m")))
+    shapes = expected_shapes(ModelConfig.from_folder(resolve_model(DEFAULT_MODEL)))
     proj = sum(np.prod(s) for n, s in shapes.items() if n.endswith("_proj.weight"))  # 106,168,320
     table, rows, norms = 49152 * 576, 49152, 61 * 576
     assert precision_bytes(shapes, "bfloat16") == 2 * (proj + table + norms) == 269_030_016

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.bench import roofline
+from common.config import kv_bytes
+from stages.bench import machine, roofline
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_article_figures(article, figure, printed):
 
 def test_article_inputs_follow_from_its_text():
     a = roofline.Article()
-    assert roofline.kv_bytes_per_token(a.layers, a.kv_heads, a.head_dim, 2) == 800 * 1024  # "(800 KiB)"
+    assert kv_bytes(a.layers, a.kv_heads, a.head_dim, 2) == 800 * 1024  # "(800 KiB)"
     # "On an 80 GB GPU with 90% usable, 46 GB is left for cache after the weights" (26 GB at 16 bits).
     assert a.cache_budget == pytest.approx(80 * 0.9 * roofline.GB - roofline.weight_bytes(a.params, 16))
 
@@ -41,17 +42,16 @@ def test_edge_example():
 
 
 def test_paging_rounds_up_to_whole_blocks():
-    per_token = 100
-    assert roofline.seqs_paged(32 * 16 * per_token, 17, per_token, block_size=16) == 16  # 17 tokens hold 2 blocks
-    assert roofline.seqs_reserving(32 * 16 * per_token, 64, per_token) == 8
+    per_token, capacity = 100, roofline.capacity  # stage 03's arithmetic, which the roofline uses
+    assert capacity.seqs_paged(32 * 16 * per_token, 17, per_token, block_size=16) == 16  # 17 tokens hold 2 blocks
+    assert capacity.seqs_reserving(32 * 16 * per_token, 64, per_token) == 8
 
 
 @pytest.mark.real_model
 def test_smollm2_bytes_per_token_matches_the_model_config(real_folder):
     from common.config import ModelConfig
     c = ModelConfig.from_folder(real_folder)
-    assert roofline.kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 2) == \
-        c.kv_bytes_per_token(2) == 23_040
+    assert kv_bytes(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 2) == c.kv_bytes_per_token(2) == 23_040
 
 
 class FakeClock:
@@ -68,21 +68,21 @@ class FakeClock:
 
 
 def test_bandwidth_is_bytes_read_and_written_over_the_best_copy(monkeypatch):
-    monkeypatch.setattr(roofline.time, "perf_counter", FakeClock([0.004, 0.002, 0.003]))
+    monkeypatch.setattr(machine.time, "perf_counter", FakeClock([0.004, 0.002, 0.003]))
     mb = 16
-    assert roofline.measure_bandwidth(mb=mb, repeats=3) == pytest.approx(2 * mb * 2**20 / 0.002)
+    assert machine.measure_bandwidth(mb=mb, repeats=3) == pytest.approx(2 * mb * 2**20 / 0.002)
 
 
 def test_matmul_rate_is_two_flops_per_multiply_add(monkeypatch):
     ticks = iter([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.8])  # start; four checks under 0.5 s, so four products; end
-    monkeypatch.setattr(roofline.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(machine.time, "perf_counter", lambda: next(ticks))
     n = 64
-    assert roofline.measure_matmul_flops(n=n) == pytest.approx(2 * n**3 * 4 / 0.8)
+    assert machine.measure_matmul_flops(n=n) == pytest.approx(2 * n**3 * 4 / 0.8)
 
 
 def test_measurements_on_this_machine_are_plausible():
-    assert 1e8 < roofline.measure_bandwidth(mb=16, repeats=2) < 1e13
-    assert 1e8 < roofline.measure_matmul_flops(n=256) < 1e16
+    assert 1e8 < machine.measure_bandwidth(mb=16, repeats=2) < 1e13
+    assert 1e8 < machine.measure_matmul_flops(n=256) < 1e16
 
 
 MODEL_CONFIGS = sorted((Path(roofline.__file__).parent / "model_configs").glob("*.json"))

@@ -7,6 +7,7 @@ import threading
 import httpx
 import pytest
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 from workloads import Server, wait_until
 
@@ -68,14 +69,14 @@ def test_stop_strings_that_never_match_lose_no_text(tiny_server, tiny_ref, sampl
 def test_chat_on_the_real_model():
     # float32: in bfloat16 the first token's two best logits ("The", "L") round to the same value on some CPUs'
     # kernels (25.5 and 25.5; float32 gives 25.33 and 25.24), and the tie goes to "L'Étoile", so no "Paris"
-    with Server(streaming.LLM("smollm2-135m", max_num_seqs=2, dtype="float32"), "smollm2-135m") as s:
+    with Server(streaming.LLM(DEFAULT_MODEL, max_num_seqs=2, dtype="float32"), DEFAULT_MODEL) as s:
         c = client(s)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        full = c.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24, temperature=0)
-        stream = c.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24, temperature=0,
+        full = c.chat.completions.create(model=DEFAULT_MODEL, messages=messages, max_tokens=24, temperature=0)
+        stream = c.chat.completions.create(model=DEFAULT_MODEL, messages=messages, max_tokens=24, temperature=0,
                                            stream=True, stream_options={"include_usage": True})
         chunks = list(stream)
-        ref = ReferenceLLM("smollm2-135m", dtype="float32")
+        ref = ReferenceLLM(DEFAULT_MODEL, dtype="float32")
         prompt = ref.tokenizer.apply_chat_template(messages)
         expected = ref.generate([prompt], SamplingParams(temperature=0, max_tokens=24))[0]
         assert chunks[0].choices[0].delta.role == "assistant"

@@ -12,7 +12,7 @@ from common import ReferenceLLM, SamplingParams
 from workloads import Server, wait_until
 
 streaming = importlib.import_module("stages.05_streaming")
-server_module = importlib.import_module("stages.05_streaming.server.app")
+answers_module = importlib.import_module("stages.05_streaming.server.answers")
 events_module = importlib.import_module("stages.05_streaming.server.events")
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 BASE = {"model": "tiny", "prompt": "Hi", "max_tokens": 4}
@@ -176,7 +176,7 @@ def boom(*args, **kwargs):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_unexpected_exception_is_a_well_formed_error(server, expected, monkeypatch, stream):
-    monkeypatch.setattr(server_module, "choice", boom)  # the answer's choices
+    monkeypatch.setattr(answers_module, "choice", boom)  # the answer's choices
     monkeypatch.setattr(events_module, "choice", boom)  # the stream's
     r = http.post(server.url + C, json=body(stream=stream, max_tokens=8, ignore_eos=True), timeout=30)
     if stream:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 from workloads import checked_steps, workloads
 
@@ -86,7 +87,7 @@ def test_fused_cpu_kernels_give_the_reference_bits(dtype):
     from common.prepare import resolve_model
     from stages import __name__ as _  # noqa: F401
     kernel_model = importlib.import_module("stages.04_kernels.model")
-    folder = resolve_model("smollm2-135m")
+    folder = resolve_model(DEFAULT_MODEL)
     reference = load_model(folder, dtype)
     fused = load_model(folder, dtype, model_class=kernel_model.KernelLlama)
     assert fused.fused is not None

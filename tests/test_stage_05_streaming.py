@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import torch
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams, Sequence
 from workloads import examples, finish_problems, wait_until, workloads
 
@@ -140,7 +141,7 @@ def test_stop_strings_that_never_match_hold_nothing_back_at_the_end(reference, l
 
 @pytest.mark.real_model
 def test_utf8_and_leading_spaces_survive_streaming():
-    llm = streaming.LLM("smollm2-135m", max_num_seqs=2)
+    llm = streaming.LLM(DEFAULT_MODEL, max_num_seqs=2)
     try:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Say 'café crème' and 'naïve' "
                                                      "and write one word in Japanese."}])
@@ -152,7 +153,7 @@ def test_utf8_and_leading_spaces_survive_streaming():
         assert not any("\ufffd" in c.text for c in chunks[:-1])
         assert ("\ufffd" in chunks[-1].text) == text.endswith("\ufffd")
         assert any(c.text.startswith(" ") for c in chunks)  # byte-level BPE folds spaces into tokens
-        assert text == ReferenceLLM("smollm2-135m").generate([prompt], params)[0].text
+        assert text == ReferenceLLM(DEFAULT_MODEL).generate([prompt], params)[0].text
     finally:
         llm.shutdown()
 

@@ -4,6 +4,7 @@ import importlib
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 from workloads import workloads
 
@@ -99,13 +100,13 @@ REAL_PROMPTS = ["What is the capital of France?", "Write a limerick about a cat.
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.real_model
 def test_real_model_same_tokens(stage):
-    ref = ReferenceLLM("smollm2-135m", dtype="bfloat16")
+    ref = ReferenceLLM(DEFAULT_MODEL, dtype="bfloat16")
     prompts = [ref.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in REAL_PROMPTS]
     params = [SamplingParams(temperature=0, max_tokens=24), SamplingParams(temperature=0.8, seed=1, max_tokens=24),
               SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=1.0, top_p=0.9, seed=5,
                                                                            max_tokens=20)]
     expected = ref.generate(prompts, params)
-    got = stage_llm(stage, "smollm2-135m", max_num_seqs=3).generate(prompts, params)
+    got = stage_llm(stage, DEFAULT_MODEL, max_num_seqs=3).generate(prompts, params)
     assert [g.token_ids for g in got] == [e.token_ids for e in expected]
 
 

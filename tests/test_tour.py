@@ -8,7 +8,7 @@ from rich.console import Console
 
 from common import ReferenceLLM
 from stages import workloads
-from stages.bench import roofline
+from common.config import kv_bytes
 from stages.tour import tour
 
 
@@ -29,7 +29,7 @@ def test_tour_quick_every_section_and_its_figures():
         assert f["schedule"][name] == llm.stats.steps
     assert (f["schedule"]["01_static_batch"], f["schedule"]["02_continuous_batch"]) == (160, 112)
     assert "from 160 to 112 steps" in text.replace("\n", " ")
-    per_token = roofline.kv_bytes_per_token(40, 40, 128, 2)
+    per_token = kv_bytes(40, 40, 128, 2)
     assert f["cache"]["article reserving"] == int(46e9 // (2048 * per_token)) == 27
     assert f["cache"]["article paged"] == int(46e9 // (400 * per_token)) == 140
     growth = f["cache"]["block table growth"]

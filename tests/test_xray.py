@@ -4,6 +4,9 @@ and text; the block pool it shows passes the audit at every step; bad trace file
 the command line and LLM(trace=...) write the files; the Chrome trace holds the same steps."""
 import importlib
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -14,6 +17,7 @@ from stages.xray import Recorder, TraceError, audit, load, replay, save
 from stages.xray import chrome, page
 from workloads import TINY_VOCAB, examples, sampling_params
 
+ROOT = Path(__file__).resolve().parents[1]
 stages = {n: importlib.import_module(f"stages.{n}") for n in ("01_static_batch", "02_continuous_batch", "03_paged_kv")}
 TINY_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2  # layers x KV heads x head size x bf16, keys and values
 
@@ -150,9 +154,11 @@ def test_llm_trace_keyword_writes_after_each_generate(tmp_path):
     llm.generate([[8, 9]], SamplingParams(max_tokens=2, ignore_eos=True))
     runs = load(path)["runs"]
     assert len(runs) == 2 and runs[0]["label"] == "03_paged_kv" and len(runs[1]["steps"]) == llm.stats.steps
-    html = tmp_path / "run.html"
-    stages["02_continuous_batch"].LLM("tiny", trace=html).generate([[5, 6]], SamplingParams(max_tokens=2))
+    html = tmp_path / "run.html"  # the page is drawn from the recording by stages.xray's command
+    subprocess.run([sys.executable, "-m", "stages.xray", str(path), str(html)], check=True, cwd=ROOT)
     assert html.read_text().startswith("<!doctype html>")
+    with pytest.raises(ValueError, match="python -m stages.xray"):
+        stages["02_continuous_batch"].LLM("tiny", trace=html)
     with pytest.raises(ValueError, match="trace=.*does not exist"):
         stages["02_continuous_batch"].LLM("tiny", trace=tmp_path / "no" / "such.json")
 

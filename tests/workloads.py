@@ -4,7 +4,6 @@ import os
 import socket
 import threading
 import time
-from collections import deque
 from contextlib import contextmanager
 
 from hypothesis import strategies as st
@@ -153,15 +152,3 @@ def checked_steps():
         yield violations
     finally:
         scheduler_class.schedule, preemption.preempt = plan, preempt
-
-
-def continuous_steps(lengths: list[int], slots: int) -> int:
-    """Steps for requests of these output lengths when a slot is refilled as soon as it frees
-    (stages 02-05, llama.cpp batched): the oracle for their step counts."""
-    waiting, running, steps = deque(lengths), [], 0
-    while waiting or running:
-        while waiting and len(running) < slots:
-            running.append(waiting.popleft())
-        running = [n - 1 for n in running if n > 1]
-        steps += 1
-    return steps

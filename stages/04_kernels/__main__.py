@@ -1,5 +1,7 @@
-"""python -m stages.04_kernels [--compare] [--kernels]: stage 04 (fused kernels: Triton on CUDA, C++ on CPU),
-says which path ran; --kernels times each fused op against the reference (the kernel table)."""
+"""python -m stages.04_kernels [--compare] [--kernels] [--gpu-check]: stage 04 (fused kernels: Triton on CUDA, C++ on
+CPU), says which path ran; --kernels times each fused op against the reference (the kernel table); --gpu-check runs
+everything a CUDA machine should confirm (stages/bench/gpu_check.py)."""
+import runpy
 import sys
 
 from rich.console import Console
@@ -13,7 +15,12 @@ if __name__ == "__main__":
     ap = parser(__doc__)
     ap.add_argument("--kernels", action="store_true",
                     help="each fused op as the reference, textbook torch and the fused kernel: bits and µs per call")
+    ap.add_argument("--gpu-check", action="store_true",
+                    help="on a CUDA machine: the kernel tests compiled, timings, every stage's tokens on the GPU")
     args = ap.parse_args()
+    if args.gpu_check:  # a shortcut to the instrument's own command (stages never import stages.bench)
+        sys.argv = [sys.argv[0]]
+        runpy.run_module("stages.bench.gpu_check", run_name="__main__")
     if args.kernels:
         from .kernel_bench import main as kernel_bench
         from common.loader import parse_dtype

@@ -3,6 +3,7 @@ benchmark (`python -m stages.bench.load`) hands them to the `serve` it starts.""
 import argparse
 import os
 
+from common.paths import DEFAULT_MODEL
 from stages.cli import device_arg
 from stages.xray import cli as xray
 
@@ -10,7 +11,7 @@ from stages.xray import cli as xray
 def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     """The model, its precision and device, and the engine's limits; ``--dtype`` stays None when not given (each
     command picks its own default)."""
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                     help="default: float32 for the demo (SmolLM2's first answers in bfloat16 sit on near-ties: "

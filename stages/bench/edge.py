@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -33,7 +32,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from stages.bench.roofline import measure_read_bandwidth
+from common.paths import DEFAULT_MODEL
+from stages.bench import children
+from stages.bench.machine import measure_read_bandwidth
 from stages.bench.edge_measure import (PRECISIONS, measure_llama_cpp, measure_side_by_side, measure_stepwise,
                                        side_by_side_ratios)
 
@@ -41,19 +42,19 @@ TARGET_MS = 100.0  # the lesson's latency target: a token, and the first one, wi
 
 
 def in_fresh_process(args: list[str]) -> dict:
-    run = subprocess.run([sys.executable, "-m", "stages.bench.edge", *args], capture_output=True, text=True)
+    run = children.run([sys.executable, "-m", "stages.bench.edge", *args], capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"stages.bench.edge {' '.join(args)} failed:\n{run.stderr[-2000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def measure(model: str = "smollm2-135m", tokens: int = 64, llama_cpp: bool = True,
+def measure(model: str = DEFAULT_MODEL, tokens: int = 64, llama_cpp: bool = True,
             rounds: int = 1) -> tuple[float, dict, list[dict]]:
     """Read bandwidth, each precision's figures (medians over ``rounds`` interleaved runs) and every round's rows."""
     bandwidth = measure_read_bandwidth()
     children = {("bfloat16" if q == "none" else q): ["--child", q, "--model", model, "--tokens", str(tokens)]
                 for q in PRECISIONS}
-    if llama_cpp and model == "smollm2-135m":
+    if llama_cpp and model == DEFAULT_MODEL:
         try:
             import llama_cpp  # noqa: F401
             children["llama.cpp Q4_1"] = ["--child", "llama.cpp", "--tokens", str(tokens)]
@@ -85,7 +86,7 @@ def speed_ratios(by_round: list[dict]) -> dict[str, list[float]]:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1, help="interleaved runs of every precision (medians)")
     ap.add_argument("--no-llama-cpp", action="store_true")

@@ -7,6 +7,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from common.paths import DEFAULT_MODEL
 from stages import kernels as stage_04
 
 PRECISIONS = ("none", "int8", "int4")
@@ -135,7 +136,7 @@ def measure_llama_cpp(tokens: int, threads: int) -> dict:
     llm = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
     row = {"weight MB": weights / 1e6, "peak MB at load": memory_mb("VmHWM"),
            "load MB over bare process": memory_mb("VmHWM") - before, "resident MB after load": memory_mb("VmRSS")}
-    chat, long = prompts(Tokenizer(resolve_model("smollm2-135m")))
+    chat, long = prompts(Tokenizer(resolve_model(DEFAULT_MODEL)))
 
     def run(prompt, n):
         llm.reset()

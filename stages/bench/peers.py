@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.paths import smollm2_gguf_path
+from common.paths import DEFAULT_MODEL, smollm2_gguf_path
 from common.prepare import resolve_model
 
 from . import baselines
@@ -70,7 +70,7 @@ def why_not(peer: str, work: Workload, temperature: float) -> str | None:
     """A reason this peer cannot run this workload, or None."""
     if temperature > 0:
         return f"{PEERS[peer]} skipped: the peers run greedy only (--temperature 0)"
-    if peer == "llama-cpp" and work.model != "smollm2-135m":
+    if peer == "llama-cpp" and work.model != DEFAULT_MODEL:
         return f"{PEERS[peer]} skipped: its GGUF is SmolLM2-135M's, not {work.model}'s"
     return None
 
@@ -160,7 +160,7 @@ def run_baselines(args, ids, params, eos: list[int], console) -> tuple[dict, lis
         base["HF"] = best
     elif not args.no_hf:
         notes.append("HF generate skipped: this workload ignores EOS, which generate cannot do per request")
-    if not args.no_llama_cpp and baselines.llama_cpp_available() and args.model == "smollm2-135m":
+    if not args.no_llama_cpp and baselines.llama_cpp_available() and args.model == DEFAULT_MODEL:
         base["llama.cpp"] = baselines.llama_cpp(smollm2_gguf_path(), ids, limits, os.cpu_count(), args.temperature,
                                                 args.top_p)
         console.print(f"llama.cpp: {base['llama.cpp']['output tok/s']:.1f} output tok/s")

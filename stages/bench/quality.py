@@ -23,6 +23,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from common.paths import DEFAULT_MODEL
 from common.kv_cache import ContiguousKVCache
 from common.reference import ReferenceLLM
 from common.sampling import SamplingParams
@@ -83,7 +84,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def measure(model: str = "smollm2-135m", precisions=PRECISIONS, prompts: int = 16, tokens: int = 64,
+def measure(model: str = DEFAULT_MODEL, precisions=PRECISIONS, prompts: int = 16, tokens: int = 64,
             window: int = 1024, text: Path = TEXT, max_text_tokens: int | None = None) -> dict[str, dict]:
     """Figures per precision; the first precision is the baseline the agreements compare to."""
     rows, base = {}, None
@@ -115,7 +116,7 @@ def format_figure(figure: str, v, prompts: int) -> str:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--window", type=int, default=1024)

@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 
 QUESTIONS = [
@@ -18,7 +19,7 @@ QUESTIONS = [
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args(argv)

@@ -6,7 +6,7 @@ weight read among requests; the KV read grows with them. Capacity is the same
 arithmetic on memory: bytes per token times tokens held.
 
 ``python -m stages.bench.roofline`` prints the article's worked example, then the same
-figures for SmolLM2 on this machine (measured copy bandwidth and matmul rate).
+figures for SmolLM2 on this machine (copy bandwidth and matmul rate measured by `machine`).
 ``--config PATH`` (a config.json or a checkpoint folder, repeatable; stages/bench/model_configs/ holds
 the published configs of a few common models) prints, from the config alone, the weight bytes, KV bytes
 per token, the memory a batch needs and the decode ceilings at ``--bandwidth`` GB/s: nothing is loaded.
@@ -14,23 +14,25 @@ per token, the memory a batch needs and the decode ceilings at ``--bandwidth`` G
 from __future__ import annotations
 
 import argparse
-import time
+import importlib
 from dataclasses import dataclass
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from common.config import kv_bytes
+from common.paths import DEFAULT_MODEL
+
+from .machine import measure_bandwidth, measure_matmul_flops
+
+capacity = importlib.import_module("stages.03_paged_kv.capacity")  # how many requests fit: stage 03's lesson
+
 GB = 1e9
 
 
 def weight_bytes(num_params: float, bits: int) -> float:
     return num_params * bits / 8
-
-
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
-    """Keys and values (2) for every layer and KV head of one token."""
-    return 2 * layers * kv_heads * head_dim * bytes_per_value
 
 
 def step_seconds(weights: float, bandwidth: float, kv_bytes: float = 0.0) -> float:
@@ -44,17 +46,6 @@ def decode_tokens_per_s(weights: float, bandwidth: float, batch: int = 1, contex
     return batch / step_seconds(weights, bandwidth, batch * context * per_token)
 
 
-def seqs_reserving(budget: float, max_len: int, per_token: int) -> int:
-    """Sequences that fit when each reserves ``max_len`` tokens up front (stages 01-02)."""
-    return int(budget // (max_len * per_token))
-
-
-def seqs_paged(budget: float, avg_len: int, per_token: int, block_size: int = 16) -> int:
-    """Sequences that fit when each holds whole blocks for the tokens it has (stage 03)."""
-    blocks = -(-avg_len // block_size)
-    return int(budget // (blocks * block_size * per_token))
-
-
 @dataclass
 class Article:
     """The article's illustrative 13B model on an 80 GB, 2,000 GB/s accelerator."""
@@ -63,14 +54,14 @@ class Article:
     kv_heads: int = 40
     head_dim: int = 128
     bandwidth: float = 2000 * GB
-    cache_budget: float = 46 * GB
+    cache_budget: float = capacity.ARTICLE_BUDGET  # 46 GB
     max_len: int = 2048
     avg_len: int = 400
     batch: int = 32
 
     def figures(self) -> dict[str, float]:
-        w16, per_token = weight_bytes(self.params, 16), kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, 2)
-        reserved = seqs_reserving(self.cache_budget, self.max_len, per_token)
+        w16, per_token = weight_bytes(self.params, 16), kv_bytes(self.layers, self.kv_heads, self.head_dim, 2)
+        reserved = capacity.seqs_reserving(self.cache_budget, self.max_len, per_token)
         one = step_seconds(w16, self.bandwidth)  # the weights-only single-request step
         many = step_seconds(w16, self.bandwidth, self.batch * self.avg_len * per_token)
         return {
@@ -83,7 +74,7 @@ class Article:
             "tok/s, 1 x 400 tokens": decode_tokens_per_s(w16, self.bandwidth, 1, self.avg_len, per_token),
             "KV bytes per token": per_token, "GB per 2,048-token sequence": self.max_len * per_token / GB,
             "sequences reserving 2,048": reserved,
-            "sequences paged at 400": seqs_paged(self.cache_budget, self.avg_len, per_token),
+            "sequences paged at 400": capacity.seqs_paged(self.cache_budget, self.avg_len, per_token),
             "KV GB read, 27 x 2,048 tokens": reserved * self.max_len * per_token / GB,
             "tok/s, 27 x 2,048 tokens": decode_tokens_per_s(w16, self.bandwidth, reserved, self.max_len, per_token),
         }
@@ -133,55 +124,6 @@ def read_config(path: str):
     return ModelConfig.from_folder(p) if p.is_dir() else ModelConfig.from_dict(json.loads(p.read_text()), str(p))
 
 
-def measure_bandwidth(device: str = "cpu", mb: int = 256, repeats: int = 5) -> float:
-    """Copy bandwidth in bytes/s (read + write counted), best of ``repeats``."""
-    src = torch.empty(mb * 2**20, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() / best
-
-
-def measure_read_bandwidth(device: str = "cpu", mb: int = 1024, repeats: int = 5) -> float:
-    """Read-only bandwidth in bytes/s, best of ``repeats``: a sum reads every byte once and writes one number.
-
-    The buffer must be larger than the last-level cache (300 MB of L3 on the build machine), or the
-    cache, not memory, is what gets measured. Decoding reads its weights; it writes almost nothing."""
-    buf = torch.ones(mb * 2**20 // 4, dtype=torch.float32, device=device)
-    buf.sum()  # first touch: page faults are not bandwidth
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        buf.sum()
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return buf.numel() * 4 / best
-
-
-def measure_matmul_flops(device: str = "cpu", dtype: torch.dtype = torch.bfloat16, n: int = 1024) -> float:
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    a @ b
-    sync(device)
-    t, reps = time.perf_counter(), 0
-    while time.perf_counter() - t < 0.5:
-        a @ b
-        reps += 1
-    sync(device)
-    return 2 * n**3 * reps / (time.perf_counter() - t)
-
-
-def sync(device: str) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def table(title: str, figures: dict[str, float]) -> Table:
     t = Table(title=title)
     t.add_column("figure")
@@ -191,7 +133,7 @@ def table(title: str, figures: dict[str, float]) -> Table:
     return t
 
 
-def machine_figures(model: str = "smollm2-135m", dtype: str = "bfloat16", device: str = "cpu") -> dict[str, float]:
+def machine_figures(model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str = "cpu") -> dict[str, float]:
     from common.loader import load_model, parse_dtype
     from common.prepare import resolve_model
     llm = load_model(resolve_model(model), parse_dtype(dtype), torch.device(device))
@@ -209,7 +151,7 @@ def machine_figures(model: str = "smollm2-135m", dtype: str = "bfloat16", device
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="auto", help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--article-only", action="store_true")

@@ -42,40 +42,6 @@ def steps_against_rows(rows: dict[str, dict]) -> str | None:
             f"{s1 / s2:.2f}x where a step costs the same whatever it holds, less where each row costs time too")
 
 
-def step_cost_model(rows: dict[str, dict]) -> dict | None:
-    """A model, not a measurement: fit a run's time as ``steps x a + rows x b`` from stages 01 and 02 of one run.
-
-    Both stages compute the same rows (every prompt token and every output token once), so their two wall times
-    give the fixed cost of a step ``a`` (reading every weight, launching the work) and the cost of a row ``b``
-    (its arithmetic and attention). Where a step's cost is nearly flat in its rows, as on a GPU whose step reads
-    the weights, ``b`` -> 0 and stage 02's fewer steps turn into time one for one: its modelled speed-up is then
-    steps_01 / steps_02. None without both stages, if they differ in rows, or if the fit is unphysical (a run
-    whose noise outweighs the steps saved gives a negative cost)."""
-    static, continuous = rows.get("01 static"), rows.get("02 continuous")
-    if static is None or continuous is None:
-        return None
-    n = static["prompt tokens"] + static["output tokens"]
-    if n != continuous["prompt tokens"] + continuous["output tokens"] or static["steps"] == continuous["steps"]:
-        return None
-    (s1, t1), (s2, t2) = (static["steps"], static["wall s"]), (continuous["steps"], continuous["wall s"])
-    a = (t1 - t2) / (s1 - s2)
-    b = (t1 - s1 * a) / n
-    if a <= 0 or b < 0:
-        return None
-    return {"ms per step": 1e3 * a, "ms per row": 1e3 * b, "rows a step costs": a / b if b else float("inf"),
-            "measured 02 / 01": t1 / t2, "modelled 02 / 01, flat steps": s1 / s2}
-
-
-def describe_step_cost(rows: dict[str, dict]) -> str | None:
-    m = step_cost_model(rows)
-    if m is None:
-        return None
-    return (f"a model, not a measurement: fitting this run's times as steps x {m['ms per step']:.1f} ms + rows x "
-            f"{m['ms per row']:.2f} ms (a step costs as much as {m['rows a step costs']:.0f} rows here), stage 02 "
-            f"measured {m['measured 02 / 01']:.2f}x stage 01; where a step costs the same whatever rows it holds "
-            f"(a GPU reading its weights), the same steps would give {m['modelled 02 / 01, flat steps']:.2f}x")
-
-
 def latency_verdict(rows: dict[str, dict]) -> str | None:
     """Which rungs pay in latency: each stage's TTFT p99 and queue wait p99 against its predecessor's."""
     ran = [name for name in STAGE_ORDER if name in rows]

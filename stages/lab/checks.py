@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 
 from common import SamplingParams
 from stages import paged_kv
-from stages.workloads import TOY_LENGTHS, toy
+from stages.workloads import TOY_LENGTHS, continuous_steps, static_steps, toy
 
 from .checks_server import check_05_3
 from .checks_text import check_04_1, check_05_1, check_05_2
@@ -61,22 +61,6 @@ def workload(draw, max_requests=6, max_prompt=20, max_tokens=12, system=None):
 
 
 # ---- stages 01 and 02: scheduling -----------------------------------------------------------------------------
-def static_steps(lengths: list[int], slots: int) -> int:
-    """Static batching: batches of ``slots`` requests in arrival order, each as long as its longest request."""
-    return sum(max(lengths[i:i + slots]) for i in range(0, len(lengths), slots))
-
-
-def continuous_steps(lengths: list[int], slots: int) -> int:
-    """Continuous batching: a request takes a free slot at the next step and holds it for one step per token."""
-    waiting, running, steps = list(lengths), [], 0
-    while waiting or running:
-        while waiting and len(running) < slots:
-            running.append(waiting.pop(0))
-        running = [n - 1 for n in running if n > 1]
-        steps += 1
-    return steps
-
-
 def scheduling(v, want_toy: int, oracle, name: str) -> None:
     LLM = v.module("engine").LLM
     prompts, params = toy()

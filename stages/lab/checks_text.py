@@ -7,6 +7,7 @@ import functools
 import torch
 from hypothesis import given, strategies as st
 
+from common.paths import DEFAULT_MODEL
 from common.engine import SeqOutput, advance
 from common.numerics import ops
 from common.prepare import resolve_model
@@ -67,7 +68,7 @@ def check_04_1(v) -> None:
 
 @functools.cache
 def tokenizer() -> Tokenizer:
-    return Tokenizer(resolve_model("smollm2-135m"))
+    return Tokenizer(resolve_model(DEFAULT_MODEL))
 
 
 def detokenize(module, ids: list[int]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from common import SamplingParams
 
 from . import page
-from .recording import Recorder
+from common.trace import Recorder
 
 
 def workload(n: int, tokens: int, seed: int = 0):

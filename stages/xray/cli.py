@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from .recording import Recorder, check_path
+from common.trace import Recorder, check_path
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -35,7 +35,7 @@ def recorder(args: argparse.Namespace, meta: dict | None = None, label: str = "r
 def write_outputs(rec: Recorder, args: argparse.Namespace, console=None) -> None:
     """Write what the flags asked for, and say where."""
     from . import chrome, page
-    from .recording import save
+    from common.trace import save
     trace = rec.trace()
     written = []
     if args.trace:

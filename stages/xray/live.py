@@ -2,7 +2,7 @@
 (server-sent events), so a class can watch a load run fill the blocks and preempt.
 
 The observer (`LiveXray.on_step`) runs in the engine's stepping thread and must never slow it: with no page
-open it returns at once; with one, it encodes the step (recording.py's `StepEncoder`) into a bounded buffer and
+open it returns at once; with one, it encodes the step (common/trace.py's `StepEncoder`) into a bounded buffer and
 wakes the event loop, at most once per batch of steps. The loop hands each step to every client's bounded
 queue. A client that falls behind (its queue full, or steps lost from the buffer) drops what it had, gets a
 "resync" event, and waits for a keyframe, which the engine thread writes at its next step: the page then holds
@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
 from . import page
-from .recording import StepEncoder
+from common.trace import StepEncoder
 
 QUEUE = 256  # steps a client may fall behind before it resyncs
 BUFFER = 4096  # steps the engine thread may run ahead of the event loop

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from common.paths import DEFAULT_MODEL
+
 from .calibrate import calibrate
 from .replica import EngineReplica
 
@@ -31,7 +33,7 @@ def require_ray() -> None:
 
 @dataclass
 class ClusterConfig:
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
     device: str = "cpu"
     replicas: int = 1  # a fixed count, unless min_replicas/max_replicas ask for autoscaling

@@ -1,7 +1,7 @@
 """Serving and its graceful shutdown: on SIGTERM or SIGINT, stop accepting, let the requests in flight finish
 until a deadline, abort the rest (every open stream still gets a final event), and exit. A second signal exits
-at once. The engine loop owns the main thread (torch is about 2x slower in a second thread here); HTTP runs
-in a background thread.
+at once. The engine loop owns the main thread (torch's parallel regions run slower from a second thread:
+docs/streaming.md); HTTP runs in a background thread.
 
 uvicorn already stops accepting and waits for open connections on the first signal, but it
 waits as long as the connections last: a request for 2,000 tokens holds it for minutes.
@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from common.paths import DEFAULT_MODEL
+
 from ..engine import LLM
 from .app import create_app
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from ..cluster.gateway import RemoteEngine
 
 
-def serve(llm: LLM | RemoteEngine, host: str = "127.0.0.1", port: int = 8000, model_name: str = "smollm2-135m",
+def serve(llm: LLM | RemoteEngine, host: str = "127.0.0.1", port: int = 8000, model_name: str = DEFAULT_MODEL,
           shutdown_timeout: float = 5.0, **app_options) -> None:
     """The engine loop on this (the main) thread, HTTP in a background thread; SIGTERM/SIGINT drain the
     server within ``shutdown_timeout`` seconds, a second signal exits at once."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .. import children
 from .client import LoadSettings
 from .metrics import LATENCIES, calculate_metrics
 from .proc_cpu import CpuSampler
@@ -102,11 +103,14 @@ def run_aiperf(aiperf: str, url: str, s: LoadSettings, tokenizer: str, console: 
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     console.print(f"[bold]aiperf:[/] {' '.join(cmd)}")
     with open(work / "aiperf.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env | {"HF_HUB_DISABLE_TELEMETRY": "1"})
-        sampler = CpuSampler(proc.pid)
-        sampler.start()
-        proc.wait()
-        sampler.stop()
+        with children.session(cmd, stdout=log, stderr=subprocess.STDOUT,
+                              env=env | {"HF_HUB_DISABLE_TELEMETRY": "1"}) as proc:  # every aiperf process ends
+            sampler = CpuSampler(proc.pid)
+            sampler.start()
+            try:
+                proc.wait()
+            finally:
+                sampler.stop()
     if proc.returncode != 0:
         tail = (work / "aiperf.log").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"aiperf exited with code {proc.returncode} (log: {work / 'aiperf.log'}):\n{tail}")

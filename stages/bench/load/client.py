@@ -9,11 +9,10 @@ a cap is given. A cap at rate inf is a closed loop: N clients, each sending its 
 one ends (``--clients N``, the same setting under its older name, 16 unless told). vLLM rescales its
 Poisson gaps so the last arrival lands at exactly N/R; these are left as drawn, as aiperf leaves them.
 
-The clients run in this process, as real clients would run elsewhere: with the server and 32 clients in
-one Python process, the clients' parsing competed with the engine's thread for the interpreter, and the
-run measured 0.84x of `generate` where the same server loaded from another process gave 0.97x. One short
-request warms the server first, untimed (if it fails, the run stops there and says why); a request that
-fails afterwards is counted as failed, as vLLM counts it.
+The server runs in a process of its own, as it would for real clients elsewhere: clients in the server's
+process would compete with the engine's thread for the interpreter and slow it (docs/streaming.md measures by
+how much). One short request warms the server first, untimed (if it fails, the run stops there and says why);
+a request that fails afterwards is counted as failed, as vLLM counts it.
 """
 from __future__ import annotations
 
@@ -22,9 +21,7 @@ import contextlib
 import json
 import math
 import random
-import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,6 +32,7 @@ from rich.console import Console
 
 from stages.workloads import CHAT_QUESTIONS
 
+from .. import children
 from .metrics import calculate_metrics, metrics_table
 
 
@@ -147,15 +145,15 @@ async def run_clients(url: str, s: LoadSettings) -> tuple[list[dict], float]:
 @contextlib.contextmanager
 def serving(serve_args: list[str], start_timeout: float = 600):
     """``serve`` with ``serve_args`` in a child process on a free loopback port; yields its URL, then stops it
-    (SIGTERM: requests in flight end, the port is freed). The child reads its API key, if any, from
-    STEPWISE_API_KEY as this process does."""
+    however the block ends (`children.session`). The child reads its API key, if any, from STEPWISE_API_KEY as
+    this process does."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "stages.05_streaming", "serve", "--host", "127.0.0.1",
-                               "--port", str(port), *serve_args])
-    try:
+    cmd = [sys.executable, "-m", "stages.05_streaming", "serve", "--host", "127.0.0.1", "--port", str(port),
+           *serve_args]
+    with children.session(cmd, grace=60) as server:  # SIGTERM first: requests in flight end, the port is freed
         deadline = time.monotonic() + start_timeout
         while True:
             if server.poll() is not None:
@@ -169,13 +167,6 @@ def serving(serve_args: list[str], start_timeout: float = 600):
                 raise RuntimeError(f"the server did not answer /health within {start_timeout:.0f} s")
             time.sleep(0.2)
         yield url
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def load_url(url: str, s: LoadSettings, console: Console | None = None) -> tuple[dict, list[dict]]:

@@ -10,24 +10,18 @@ import os
 import threading
 import time
 
+from ..children import proc_stats
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu(root: int) -> float:
     """User + system seconds of ``root`` and its live descendants (a process that already exited is gone)."""
-    parent, cpu = {}, {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ... utime, stime
-        except OSError:
-            continue
-        parent[int(entry.name)], cpu[int(entry.name)] = int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+    stats = proc_stats()
+    cpu = {pid: (int(f[11]) + int(f[12])) / TICK for pid, f in stats.items()}
     children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, f in stats.items():
+        children.setdefault(int(f[1]), []).append(pid)
     total, todo = 0.0, [root]
     while todo:
         pid = todo.pop()

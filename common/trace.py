@@ -1,4 +1,5 @@
-"""The X-ray's recording: every `StepEvent` of a run, as JSON a page can replay and a test can check.
+"""The X-ray's recording (stages/xray draws it): every `StepEvent` of a run, as JSON a page can replay and a
+test can check.
 
 An observer (`Recorder.on_step`) turns each step into a plain dict (`StepEncoder.encode`) and keeps it. The
 numbers are the engine's own counters, copied, never recomputed: which sequences ran and what each fed and
@@ -158,11 +159,7 @@ class Recorder:
             self.runs.append(self.current)
         self.current = None
         if write and self.path is not None:
-            if str(self.path).endswith((".html", ".htm")):  # the page itself
-                from .page import write as write_page
-                write_page(self.trace(), self.path)
-            else:
-                save(self.trace(), self.path)
+            save(self.trace(), self.path)
 
     def trace(self) -> dict:
         runs = self.runs + ([self.current] if self.current is not None and self.current.steps else [])
@@ -173,8 +170,11 @@ def check_path(path, name: str = "trace") -> None:
     """A trace path must be writable before a run, not after it: fail now, naming the argument."""
     from common.validate import InvalidParam
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise InvalidParam(name, f"{name}={path!r} is invalid: give a file path (FILE.json, or FILE.html for the "
-                                 f"page)")
+        raise InvalidParam(name, f"{name}={path!r} is invalid: give a file path (FILE.json)")
+    if name == "trace" and str(path).endswith((".html", ".htm")):
+        raise InvalidParam(name, f"trace={str(path)!r}: trace= writes the recording as JSON; give FILE.json and "
+                                 f"draw the page with `python -m stages.xray FILE.json FILE.html` (or pass --xray "
+                                 f"FILE.html to a stage's command)")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise InvalidParam(name, f"{name}={str(path)!r}: the folder {folder} does not exist")

@@ -1,0 +1,60 @@
+"""What this machine can do, measured: memory bandwidth (a copy, and a read alone) and the matmul rate.
+
+A decode step is bounded by the bytes it reads over the read bandwidth (`roofline`), so these are the ceilings'
+denominators. Each is the best of a few repeats: the fastest run is the one least disturbed by the rest of the
+machine.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def measure_bandwidth(device: str = "cpu", mb: int = 256, repeats: int = 5) -> float:
+    """Copy bandwidth in bytes/s (read + write counted), best of ``repeats``."""
+    src = torch.empty(mb * 2**20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() / best
+
+
+def measure_read_bandwidth(device: str = "cpu", mb: int = 1024, repeats: int = 5) -> float:
+    """Read-only bandwidth in bytes/s, best of ``repeats``: a sum reads every byte once and writes one number.
+
+    The buffer must be larger than the last-level cache (a server CPU can hold hundreds of MB), or the
+    cache, not memory, is what gets measured. Decoding reads its weights; it writes almost nothing."""
+    buf = torch.ones(mb * 2**20 // 4, dtype=torch.float32, device=device)
+    buf.sum()  # first touch: page faults are not bandwidth
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        buf.sum()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return buf.numel() * 4 / best
+
+
+def measure_matmul_flops(device: str = "cpu", dtype: torch.dtype = torch.bfloat16, n: int = 1024) -> float:
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b
+    sync(device)
+    t, reps = time.perf_counter(), 0
+    while time.perf_counter() - t < 0.5:
+        a @ b
+        reps += 1
+    sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - t)
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
