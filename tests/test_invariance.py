@@ -188,8 +188,10 @@ def test_decode_tiles_are_padded_until_bmm_keeps_every_rows_bits(monkeypatch, kv
        scale=st.sampled_from([0.1, 1.0, 8.0]))
 def test_compiled_attentions_vector_version_gives_the_portable_versions_bits(seqs, heads, d, block_size, dtype,
                                                                             seed, scale):
-    """attention.cpp runs a 16-keys-at-a-time AVX-512 version where it can (a head dimension that is a multiple
-    of 16); it must make the portable version's sums in the portable version's order: every bit the same."""
+    """attention.cpp runs a 16-keys-at-a-time version where it can (a head dimension of 16-128, a multiple of 16):
+    AVX-512's, else attention_lanes.h's AVX2, NEON or plain one; it must make the portable reference's sums in the
+    reference's order: every bit the same (native/test/attention_test.cpp checks the same without torch, on any
+    ISA)."""
     import os
     nh, nkv = heads
     gen = torch.Generator().manual_seed(seed)

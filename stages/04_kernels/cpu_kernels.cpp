@@ -4,8 +4,11 @@
 // where torch rounds it: a bfloat16 add or multiply is computed in float and rounded to bfloat16
 // (nearest even); a float32 operation rounds to float32; the sum of squares runs in float64 in the order
 // ops.py fixes (16 interleaved lanes, each in order, then the lanes in order); the root is taken in
-// float64. Compiled with -ffp-contract=off, so no multiply and add become one rounding. Built by
-// common/native; the bit-for-bit tests are in tests/test_stage_04.py.
+// float64. Compiled with -ffp-contract=off, so no multiply and add become one rounding. Nothing here is
+// ISA-specific: plain loops the compiler vectorizes for whatever CPU it targets, each element rounded alone, so
+// the bits are the same on AVX-512, AVX2, NEON or scalar code; the one exception is SwiGLU's silu, which is
+// torch's own on this machine (the table below). Built by common/numerics/native; the bit-for-bit tests are in
+// tests/test_stage_04.py.
 #include <torch/csrc/utils/pybind.h>  // tensors to and from Python
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -16,7 +19,8 @@
 #include <cmath>
 #include <vector>
 
-#include "bf16.h"  // common/native: widen, round_to
+#include "bf16.h"      // common/numerics/native: widen, round_to
+#include "parallel.h"  // common/numerics/native: stepwise::parallel_for (OpenMP, else threads of our own)
 
 namespace {
 
@@ -50,7 +54,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
     };
     request(wp);
     if (rows == 1) request(rp);
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    stepwise::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       std::vector<float> xf(hidden);
       for (int64_t row = begin; row < end; ++row) {
         const int64_t base = row * hidden;
@@ -100,7 +104,7 @@ at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qc.scalar_type(), "fused_rope_qk", [&] {
     const scalar_t* xp = qc.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    stepwise::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
         for (int64_t h = 0; h < rotated; ++h)
           rotate(xp + t * width + h * d, cc.data_ptr<float>() + t * d, sc.data_ptr<float>() + t * d, d,
@@ -129,7 +133,7 @@ at::Tensor rope_qk_store(const at::Tensor& qkv, const at::Tensor& cos, const at:
     const scalar_t* xp = qc.data_ptr<scalar_t>();
     scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k_rows.data_ptr<scalar_t>(), *vp = v_rows.data_ptr<scalar_t>();
     const int64_t* rp = rows.data_ptr<int64_t>();
-    at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    stepwise::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const float *c = cc.data_ptr<float>() + t * d, *s = sc.data_ptr<float>() + t * d;
         const scalar_t* x = xp + t * width;
@@ -162,7 +166,7 @@ at::Tensor swiglu(const at::Tensor& gate_up, const at::Tensor& silu_table) {
   AT_DISPATCH_REDUCED_FLOATING_TYPES(gc.scalar_type(), "fused_swiglu", [&] {
     const scalar_t* gp = gc.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    stepwise::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const uint16_t* gate = reinterpret_cast<const uint16_t*>(gp + row * 2 * f);
         const scalar_t* up = gp + row * 2 * f + f;

@@ -15,13 +15,16 @@ used on another machine) and imported as a Python module. Each kernel is bound t
 a step calls these kernels a few hundred times, and the dispatcher's boxed call from Python costs
 several times the direct binding's (docs/native-kernels.md). Like a ``torch.ops`` call, the binding
 lets go of the interpreter lock while the kernel runs. Set
-``STEPWISE_NATIVE_ATTENTION=0`` to use the tensor-op attention instead; where no compiler
-works, that is what runs, and ``describe()`` says so.
+``STEPWISE_NATIVE_ATTENTION=0`` to use the tensor-op attention instead. The compiler's flags are probed once per
+machine (``flags.py``: ``-march=native`` or ``-mcpu=native``, OpenMP where the compiler has it, macOS's linker
+flag); where a kernel still does not build, what runs instead is torch code, and ``load`` says so once, at load,
+with what that costs (``FALLBACKS``); ``describe()`` says it again in the engine's banner.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -32,15 +35,25 @@ from pathlib import Path
 
 import torch
 
+from common.numerics.native import flags as probe
 from common.paths import cpu_identity, home
 
 HERE = Path(__file__).parent  # attention.cpp, and bf16.h, which every kernel source may include
 SOURCE = HERE / "attention.cpp"
 LINEAR_SOURCE = HERE / "linear.cpp"
-# No fast-math and no contraction of a multiply and an add into one rounding: every path the compiler
-# generates for a loop (vector body, scalar remainder) then rounds the same way.
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-fopenmp"]
+FLAGS = probe.BASE  # every build's; compile_flags() adds what this compiler takes (flags.py)
 _state: dict[Path, dict] = {}  # per source: ok, path, seconds to build (0: cached), error
+log = logging.getLogger("stepwise.native")
+# What runs where a source does not build, and what that costs (docs/native-kernels.md measures it): load() says
+# it once per process, at load, in one sentence.
+FALLBACKS = {
+    "attention": ("attention", "the tensor-op attention", "about 14x slower attention: on a 2-core AVX2 EPYC, "
+                  "+18 ms per decode step of one request at 160 tokens of context, +0.6 s at 32 requests"),
+    "cpu_kernels": ("stage 04's fused element-wise kernels", "stage 03's unfused torch operations",
+                    "about 4-7x slower for those operations: on a 2-core AVX2 EPYC, +15 ms per decode step of one "
+                    "request, +27 ms at 32"),
+    "linear": ("our linears", "torch's linears", "slower wherever ours would run"),
+}
 
 
 def enabled(device: torch.device) -> bool:
@@ -130,7 +143,15 @@ def load(source: Path = SOURCE) -> bool:
             state.update(ok=True, path=path, built=built, module=module)
         except Exception as e:  # no compiler, no headers: the tensor-op version runs instead
             state.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}")
+            log.warning(fallback_note(source))
     return state["ok"]
+
+
+def fallback_note(source: Path) -> str:
+    """The sentence ``load`` prints once where ``source`` did not build: what runs instead, and its cost."""
+    what, instead, cost = FALLBACKS.get(source.stem, (source.name, "torch code", "slower"))
+    return (f"{what}: the C++ kernel {source.name} did not build ({_state[source]['error']}); running {instead} "
+            f"instead, {cost} (docs/native-kernels.md)")
 
 
 def build_note(source: Path = SOURCE) -> str:
@@ -155,9 +176,22 @@ def source_key(source: Path = SOURCE) -> str:
     return _key(source)
 
 
+def compile_flags() -> list[str]:
+    """FLAGS and what this machine's compiler takes (flags.py: probed once per machine, then read from the cache)."""
+    chosen = probe.probed(home() / "native", cpu_identity(), _torch_lib())
+    return [*FLAGS, *chosen["arch"], *chosen["openmp"], *chosen["link"]]
+
+
+def _torch_lib() -> Path:
+    from torch.utils.cpp_extension import library_paths
+    return Path(library_paths()[0])
+
+
 def _key(source: Path) -> str:
     headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))
-    raw = f"{source.read_bytes()!r}|{headers!r}|{FLAGS}|{torch.__version__}|{cpu_identity()}|{sys.version_info[:2]}"
+    compiler = f"{probe.compiler()}|{probe.compiler_version(probe.compiler())}"
+    raw = (f"{source.read_bytes()!r}|{headers!r}|{compile_flags()}|{compiler}|{torch.__version__}|{cpu_identity()}|"
+           f"{sys.version_info[:2]}")
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -168,20 +202,21 @@ def _build(source: Path) -> tuple[Path, float]:
     target = folder / f"{source.stem}-{_key(source)}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if target.exists():
         return target, 0.0
-    from torch.utils.cpp_extension import include_paths, library_paths
+    from torch.utils.cpp_extension import include_paths
 
     start = time.perf_counter()
-    lib = library_paths()[0]
+    lib = _torch_lib()
     abi = int(torch.compiled_with_cxx11_abi())
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         out = Path(tmp) / target.name
-        cmd = [os.environ.get("CXX", "c++"), *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        cmd = [probe.compiler(), *compile_flags(), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
                f"-DSTEPWISE_MODULE={module_name(source)}",
                f"-I{HERE}", *[f"-I{p}" for p in include_paths()], f"-I{sysconfig.get_paths()['include']}", str(source),
                "-o", str(out), f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch",
                "-ltorch_python", f"-Wl,-rpath,{lib}"]
         result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{cmd[0]} failed: {result.stderr.strip()[-2000:]}")
+        if result.returncode != 0:  # the first error names the cause; the last line is often only "terminated"
+            lines = result.stderr.strip().splitlines() or ["no output"]
+            raise RuntimeError(f"{cmd[0]} failed: {next((x for x in lines if 'error' in x), lines[-1]).strip()}")
         os.replace(out, target)  # atomic: a concurrent build never leaves half a file
     return target, time.perf_counter() - start

@@ -1,11 +1,12 @@
 // attention.cpp's task (one query token x one KV head) on AVX-512, for a head dimension that is a multiple of 16.
-// Included by attention.cpp inside its namespace, after exp_nonpositive and widen_all, which it uses.
+// Included by attention.cpp inside its namespace, after exp_nonpositive, widen_all and prefetch_row, which it uses
+// (attention_core.h).
 #pragma once
 
 #if defined(__AVX512F__)  // attention.cpp includes <immintrin.h>
 
 // The same task on AVX-512 for a head dimension that is a multiple of 16, sixteen keys at a time, every sum in
-// the order attend_one takes it: each key's 16-lane dot accumulators go through one shuffle network that makes
+// the order attend_portable (attention_core.h) takes it: each key's 16-lane dot accumulators go through one shuffle network that makes
 // exactly `dot`'s pairwise adds ((l, l+8), then (l, l+4), (l, l+2), (l, l+1)) for 16 keys at once, instead of
 // sixteen horizontal reductions; o stays in registers across a group of keys.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }

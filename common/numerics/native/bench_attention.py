@@ -1,0 +1,79 @@
+"""`python -m common.numerics.native.bench_attention VERSION`: one attention version on SmolLM2's decode shapes
+(9 heads, 3 KV heads, d 64, blocks of 16 in shuffled order), the fastest single call of many per case, and a hash
+of every output, so that versions run in separate processes can be compared bit for bit.
+
+VERSION: ``kernel`` (attention.cpp as this build runs it), ``portable`` (its reference, STEPWISE_ATTENTION_PORTABLE),
+``tiles`` (the tensor-op attention, what runs where the kernel does not build), or the path of another build's
+library (e.g. an older one from ``$STEPWISE_HOME/native``). One version per process: CPython keeps one extension
+module per name, and every build of attention.cpp is named ``stepwise_attention``. Environment: THREADS (torch's
+threads, default 1), DTYPE (default bfloat16), CASES (``requests x keys-1``, default 1x160,8x160,32x160,32x500).
+docs/native-kernels.md quotes its figures.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def attention_of(version: str):
+    """A function (q, k, v, token_seq, token_pos, table, kv_heads, head_stride) -> out, or None for ``tiles``."""
+    if version == "tiles":
+        return None
+    if version in ("kernel", "portable"):
+        if version == "portable":
+            os.environ["STEPWISE_ATTENTION_PORTABLE"] = "1"
+        from common.numerics import native
+        return native.kernels().attention
+    spec = importlib.util.spec_from_file_location("stepwise_attention", version)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.attention
+
+
+def decode_step(kernel, dtype: torch.dtype, requests: int, past: int):
+    """A function that runs one layer's attention for `requests` decode tokens, each after `past` keys."""
+    from common.numerics.attention import AttentionMetadata, attention
+    gen = torch.Generator().manual_seed(0)
+    block, kv_heads, d, heads, context = 16, 3, 64, 9, past + 1
+    need = -(-context // block)
+    order = torch.randperm(requests * need + 2, generator=gen)
+    k, v = (torch.randn(requests * need + 2, kv_heads, block, d, generator=gen).to(dtype) for _ in range(2))
+    q = torch.randn(requests, heads, d, generator=gen).to(dtype)
+    table = (order[:requests * need].view(requests, need) * kv_heads).numpy().astype(np.int64)
+    kc, vc = k.view(-1, block, d), v.view(-1, block, d)
+    if kernel is None:
+        meta = AttentionMetadata.build([1] * requests, [context] * requests, heads, kv_heads, table, block, 1,
+                                       native=False, head_dim=d, kv_dtype=dtype)
+        return lambda: attention(q, kc, vc, meta)
+    seq, pos, chunks = torch.arange(requests), torch.full((requests,), past), torch.from_numpy(table)
+    return lambda: kernel(q, kc, vc, seq, pos, chunks, kv_heads, 1)
+
+
+def main(version: str) -> str:
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+    kernel, dtype = attention_of(version), getattr(torch, os.environ.get("DTYPE", "bfloat16"))
+    digest, cells = hashlib.sha256(), []
+    for case in os.environ.get("CASES", "1x160,8x160,32x160,32x500").split(","):
+        requests, past = map(int, case.split("x"))
+        call = decode_step(kernel, dtype, requests, past)
+        digest.update(call().view(torch.int32 if dtype == torch.float32 else torch.int16).numpy().tobytes())
+        best = float("inf")
+        for _ in range(300 if requests < 16 else 60):
+            start = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - start)
+        cells.append(f"{case}: {best * 1e6:,.1f} µs")
+    return f"{os.path.basename(version)} ({torch.get_num_threads()} thread(s)): " + " | ".join(cells) + \
+        f" | hash {digest.hexdigest()[:12]}"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    print(main(sys.argv[1]))
