@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test test-fast lint bench bench-serve aiperf mutants setup model clean vllm-venv
+.PHONY: demo test test-fast lint native-check bench bench-serve aiperf mutants setup model clean vllm-venv
 
 setup: $(DEPS)
 
@@ -27,7 +27,7 @@ demo: $(MODEL)
 	$(BIN)/python -m stages.05_streaming
 
 # The fast suite (tiny model) first, then the real-model and cluster tests (markers in pyproject.toml).
-test: lint $(MODEL)
+test: lint native-check $(MODEL)
 	$(BIN)/python -m pytest -q -m "not real_model and not cluster" tests
 	$(BIN)/python -m pytest -q -m "real_model or cluster" tests
 
@@ -36,6 +36,12 @@ test-fast: $(MODEL)
 
 lint: $(DEPS)
 	$(BIN)/ruff check .
+
+# The CPU kernels' standalone C++ tests (common/numerics/native/test/*_test.cpp, no torch, no venv): built natively,
+# for the scalar path and for aarch64 under qemu (installing g++-aarch64-linux-gnu and qemu-user with apt-get when
+# missing); every build must pass and give the same hash of its outputs.
+native-check:
+	bash common/numerics/native/test/run.sh
 
 # The benchmark ladder with its baselines and peers (stages/bench/peers.py), each engine alone on the machine in
 # turn: `make bench-peers` first (a peer that does not build is a note in the ladder, which goes on), then
