@@ -19,7 +19,7 @@
 //
 // Speed: decoding one request reads every weight once, so one row runs 4 blocks of 16 outputs at once (8 chains in
 // flight hide the fma latency) and requests its lines ahead; more rows run up to MAX_ROWS rows x 16 outputs in
-// registers (BLIS's 6 x 16 on AVX2), the block's weights then coming from cache on each pass.
+// registers, the block's weights then coming from cache on each pass.
 #pragma once
 
 #include <algorithm>
@@ -35,7 +35,9 @@
 
 namespace stepwise_portable {
 
-constexpr int MAX_ROWS = 6, GROUP_BLOCKS = 4;
+// Rows x blocks in registers: 4 rows x 16 outputs are 8 AVX2 accumulators (16 NEON ones), which leaves room for a
+// line's weights widened, the raw line and a broadcast input (6 rows spilled accumulators to the stack on AVX2).
+constexpr int MAX_ROWS = 4, GROUP_BLOCKS = 4;
 constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead of its loads each block's weights are requested
 
 // VCVTNEPS2BF16: round to nearest even; zero and subnormal -> signed zero; NaN stays a (quiet) NaN.
@@ -86,19 +88,24 @@ inline V8 weight(const char* line, int h) {
 }
 template <Kind K> constexpr int inputs_per_line() { return K == Kind::bf16 ? 2 : K == Kind::f32 ? 1 : 4; }
 
+// Input i (the line's I-th) of R rows into their chains for C blocks: each row's input broadcast once.
 template <Kind K, int I, int R, int C>
 inline void multiply_input(const float* X, int64_t ldx, int64_t i, const char* const* lines, V8 (&acc)[R][C][2]) {
-  for (int c = 0; c < C; ++c)
-    for (int h = 0; h < 2; ++h) {
-      const V8 w = weight<K, I>(lines[c], h);
-      for (int r = 0; r < R; ++r) acc[r][c][h] = fma(broadcast(X[r * ldx + i]), w, acc[r][c][h]);
-    }
+  V8 w[C][2];
+  for (int c = 0; c < C; ++c) w[c][0] = weight<K, I>(lines[c], 0), w[c][1] = weight<K, I>(lines[c], 1);
+  for (int r = 0; r < R; ++r) {
+    const V8 x = broadcast(X[r * ldx + i]);
+    for (int c = 0; c < C; ++c) acc[r][c][0] = fma(x, w[c][0], acc[r][c][0]), acc[r][c][1] = fma(x, w[c][1], acc[r][c][1]);
+  }
 }
 
-// R rows x C blocks (bfloat16, float32 or int8 weights): every output's chain over all kp inputs, in order.
+// R rows x C blocks (bfloat16, float32 or int8 weights): every output's chain over all kp inputs, in order. The
+// chains live in a local array (registers), written out once: through `out` the compiler would store them after
+// every step, since X's floats may alias them.
 template <Kind K, int R, int C>
-void dot(const float* X, int64_t ldx, int64_t kp, const char* const* blocks, bool ahead, V8 (&acc)[R][C][2]) {
+void dot(const float* X, int64_t ldx, int64_t kp, const char* const* blocks, bool ahead, V8 (&out)[R][C][2]) {
   constexpr int IN = inputs_per_line<K>();
+  V8 acc[R][C][2];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = zero();
   for (int64_t i = 0; i < kp; i += IN) {
@@ -112,15 +119,32 @@ void dot(const float* X, int64_t ldx, int64_t kp, const char* const* blocks, boo
     if constexpr (IN > 2) multiply_input<K, 2>(X, ldx, i + 2, lines, acc);
     if constexpr (IN > 3) multiply_input<K, 3>(X, ldx, i + 3, lines, acc);
   }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c][0] = acc[r][c][0], out[r][c][1] = acc[r][c][1];
 }
 
-// int4, code T of a run (input 8c + T of the group) into the R x C group chains of one half.
-template <int T, int R, int C>
-inline void multiply_code(const float* X, int64_t ldx, int64_t i, const Codes (&codes)[C], int h, V8 (&part)[R][C][2]) {
+// int4, code T of a run (input 8 run + T of the group) into the R x C group chains of half H.
+template <int T, int H, int R, int C>
+inline void multiply_code(const float* X, int64_t ldx, int64_t i, const Codes (&codes)[C], V8 (&part)[R][C][2]) {
+  V8 x[R];
+  for (int r = 0; r < R; ++r) x[r] = broadcast(X[r * ldx + i + T]);
   for (int c = 0; c < C; ++c) {
     const V8 w = code<T>(codes[c]);
-    for (int r = 0; r < R; ++r) part[r][c][h] = fma(broadcast(X[r * ldx + i + T]), w, part[r][c][h]);
+    for (int r = 0; r < R; ++r) part[r][c][H] = fma(x[r], w, part[r][c][H]);
   }
+}
+
+// One run of codes (inputs 8 run .. 8 run + 7 of the group, half H of the outputs), each pair odd input first. H is
+// a template argument so that the chains stay in registers (indexed at run time, they lived on the stack).
+template <int H, int R, int C>
+inline void multiply_run(const float* X, int64_t ldx, int64_t i, const uint8_t* const* records, int run,
+                         V8 (&part)[R][C][2]) {
+  Codes codes[C];
+  for (int c = 0; c < C; ++c) codes[c] = load_codes(records[c] + 64 + 32 * (2 * run + H));
+  multiply_code<1, H>(X, ldx, i, codes, part), multiply_code<0, H>(X, ldx, i, codes, part);
+  multiply_code<3, H>(X, ldx, i, codes, part), multiply_code<2, H>(X, ldx, i, codes, part);
+  multiply_code<5, H>(X, ldx, i, codes, part), multiply_code<4, H>(X, ldx, i, codes, part);
+  multiply_code<7, H>(X, ldx, i, codes, part), multiply_code<6, H>(X, ldx, i, codes, part);
 }
 
 // R rows x C blocks of int4 records into acc[r][c][16] (floats: adds group after group).
@@ -139,16 +163,10 @@ void dot_int4(const float* X, int64_t ldx, int64_t groups, const float* sums, co
     V8 part[R][C][2];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) part[r][c][0] = part[r][c][1] = zero();
-    for (int run = 0; run < 4; ++run)  // inputs 8 run .. 8 run + 7, each pair odd input first
-      for (int h = 0; h < 2; ++h) {
-        Codes codes[C];
-        for (int c = 0; c < C; ++c) codes[c] = load_codes(records[c] + 64 + 32 * (2 * run + h));
-        const int64_t i = g * GROUP + 8 * run;
-        multiply_code<1>(X, ldx, i, codes, h, part), multiply_code<0>(X, ldx, i, codes, h, part);
-        multiply_code<3>(X, ldx, i, codes, h, part), multiply_code<2>(X, ldx, i, codes, h, part);
-        multiply_code<5>(X, ldx, i, codes, h, part), multiply_code<4>(X, ldx, i, codes, h, part);
-        multiply_code<7>(X, ldx, i, codes, h, part), multiply_code<6>(X, ldx, i, codes, h, part);
-      }
+    for (int run = 0; run < 4; ++run) {  // inputs 8 run .. 8 run + 7
+      multiply_run<0>(X, ldx, g * GROUP + 8 * run, records, run, part);
+      multiply_run<1>(X, ldx, g * GROUP + 8 * run, records, run, part);
+    }
     for (int c = 0; c < C; ++c)
       for (int h = 0; h < 2; ++h) {
         const uint16_t* half = reinterpret_cast<const uint16_t*>(records[c]) + 8 * h;
@@ -196,14 +214,14 @@ void run(const Problem& p, int64_t row0, int64_t block) {
   store_rows<R, C>(p, row0, block * BLOCK, out);
 }
 
-// `rows` rows from row0 times `count` blocks from `block`: one row takes up to 4 blocks at once, 2-3 rows 2, more
+// `rows` rows from row0 times `count` blocks from `block`: one row takes up to 4 blocks at once, 2 rows 2, more
 // rows one (their chains fill the registers).
 template <int R>
 void run_blocks(const Problem& p, int64_t row0, int64_t block, int64_t count) {
   for (int64_t b = block; b < block + count;) {
     const int64_t left = block + count - b;
     if (R == 1 && left >= 4) run<R, 4>(p, row0, b), b += 4;
-    else if (R <= 3 && left >= 2) run<R, 2>(p, row0, b), b += 2;
+    else if (R <= 2 && left >= 2) run<R, 2>(p, row0, b), b += 2;
     else run<R, 1>(p, row0, b), b += 1;
   }
 }
@@ -214,8 +232,6 @@ inline void linear_blocks(const Problem& p, int64_t b0, int64_t b1) {
     const int64_t count = std::min<int64_t>(GROUP_BLOCKS, b1 - block);
     for (int64_t row0 = 0; row0 < p.m; row0 += MAX_ROWS) {
       switch (std::min<int64_t>(MAX_ROWS, p.m - row0)) {
-        case 6: run_blocks<6>(p, row0, block, count); break;
-        case 5: run_blocks<5>(p, row0, block, count); break;
         case 4: run_blocks<4>(p, row0, block, count); break;
         case 3: run_blocks<3>(p, row0, block, count); break;
         case 2: run_blocks<2>(p, row0, block, count); break;
