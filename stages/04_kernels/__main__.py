@@ -15,7 +15,8 @@ if __name__ == "__main__":
     ap.add_argument("--gpu-check", action="store_true", help="kernel tests, timings and stage 03 vs 04 on CUDA")
     ap.add_argument("--fusion", action="store_true", help="tensor ops and bytes moved per decode step, 03 vs 04")
     ap.add_argument("--kernels", action="store_true",
-                    help="each fused op as the reference, textbook torch and the fused kernel: bits and µs per call")
+                    help="each fused op as the reference, textbook torch and the fused kernel, then (on CPU) the "
+                         "linears as torch float32, the old torch path and ours: bits and µs per call")
     args = ap.parse_args()
     if args.gpu_check:
         sys.exit(importlib.import_module("stages.04_kernels.gpu_check").main())
@@ -24,7 +25,11 @@ if __name__ == "__main__":
     if args.kernels:
         from .kernel_bench import main as kernel_bench
         from common.loader import parse_dtype
-        kernel_bench(resolve_device(args.device).type, parse_dtype(args.dtype))
+        device = resolve_device(args.device).type
+        kernel_bench(device, parse_dtype(args.dtype))
+        if device == "cpu":
+            from .linear_bench import main as linear_bench
+            linear_bench()
         sys.exit(0)
     Console().print(f"[bold]stage 04 path:[/] {describe_path(resolve_device(args.device))}")
     run(["stages.03_paged_kv", "stages.04_kernels"] if args.compare else ["stages.04_kernels"], args)
