@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "linear_portable_pack.h"
 #include "portable_simd.h"
@@ -123,7 +124,7 @@ void dot(const float* X, int64_t ldx, int64_t kp, const char* const* blocks, boo
     for (int c = 0; c < C; ++c) out[r][c][0] = acc[r][c][0], out[r][c][1] = acc[r][c][1];
 }
 
-// int4, code T of a run (input 8 run + T of the group) into the R x C group chains of half H.
+// int4, code T of a run (input i + T) into the R x C group chains of half H.
 template <int T, int H, int R, int C>
 inline void multiply_code(const float* X, int64_t ldx, int64_t i, const Codes (&codes)[C], V8 (&part)[R][C][2]) {
   V8 x[R];
@@ -134,8 +135,8 @@ inline void multiply_code(const float* X, int64_t ldx, int64_t i, const Codes (&
   }
 }
 
-// One run of codes (inputs 8 run .. 8 run + 7 of the group, half H of the outputs), each pair odd input first. H is
-// a template argument so that the chains stay in registers (indexed at run time, they lived on the stack).
+// One run of codes (inputs i = 8 run .. 8 run + 7 of the group, half H of the outputs), each pair odd input first. H
+// is a template argument so that the chains stay in registers (indexed at run time, they lived on the stack).
 template <int H, int R, int C>
 inline void multiply_run(const float* X, int64_t ldx, int64_t i, const uint8_t* const* records, int run,
                          V8 (&part)[R][C][2]) {
@@ -147,10 +148,21 @@ inline void multiply_run(const float* X, int64_t ldx, int64_t i, const uint8_t* 
   multiply_code<7, H>(X, ldx, i, codes, part), multiply_code<6, H>(X, ldx, i, codes, part);
 }
 
-// R rows x C blocks of int4 records into acc[r][c][16] (floats: adds group after group).
-template <int R, int C>
+// The same for one block whose codes were widened once (`widen_block`): input i + T, both halves.
+template <int T, int R>
+inline void multiply_wide(const float* X, int64_t ldx, int64_t i, const float* wide, V8 (&part)[R][1][2]) {
+  const V8 w0 = load(wide + (i + T) * BLOCK), w1 = load(wide + (i + T) * BLOCK + 8);
+  for (int r = 0; r < R; ++r) {
+    const V8 x = broadcast(X[r * ldx + i + T]);
+    part[r][0][0] = fma(x, w0, part[r][0][0]), part[r][0][1] = fma(x, w1, part[r][0][1]);
+  }
+}
+
+// R rows x C blocks of int4 records into acc[r][c][16] (floats: adds group after group). WIDE: one block, its codes
+// read from `wide` (its d and m still from the records).
+template <int R, int C, bool WIDE = false>
 void dot_int4(const float* X, int64_t ldx, int64_t groups, const float* sums, const char* const* blocks, bool ahead,
-              float (&acc)[R][C][16]) {
+              float (&acc)[R][C][16], const float* wide = nullptr) {
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) std::fill(acc[r][c], acc[r][c] + 16, 0.0f);
   for (int64_t g = 0; g < groups; ++g) {
@@ -164,8 +176,15 @@ void dot_int4(const float* X, int64_t ldx, int64_t groups, const float* sums, co
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) part[r][c][0] = part[r][c][1] = zero();
     for (int run = 0; run < 4; ++run) {  // inputs 8 run .. 8 run + 7
-      multiply_run<0>(X, ldx, g * GROUP + 8 * run, records, run, part);
-      multiply_run<1>(X, ldx, g * GROUP + 8 * run, records, run, part);
+      const int64_t i = g * GROUP + 8 * run;
+      if constexpr (WIDE) {
+        multiply_wide<1>(X, ldx, i, wide, part), multiply_wide<0>(X, ldx, i, wide, part);
+        multiply_wide<3>(X, ldx, i, wide, part), multiply_wide<2>(X, ldx, i, wide, part);
+        multiply_wide<5>(X, ldx, i, wide, part), multiply_wide<4>(X, ldx, i, wide, part);
+        multiply_wide<7>(X, ldx, i, wide, part), multiply_wide<6>(X, ldx, i, wide, part);
+      } else {
+        multiply_run<0>(X, ldx, i, records, run, part), multiply_run<1>(X, ldx, i, records, run, part);
+      }
     }
     for (int c = 0; c < C; ++c)
       for (int h = 0; h < 2; ++h) {
@@ -226,8 +245,62 @@ void run_blocks(const Problem& p, int64_t row0, int64_t block, int64_t count) {
   }
 }
 
+// An int8 or int4 block's weights as float32 [kp][16] (the float32 layout), exactly: for calls of more than one pass
+// over the rows, which then read it (from L2) instead of widening the codes again on every pass.
+template <int T>
+inline void widen_code(const Codes& codes, float* wide) { store(wide + T * BLOCK, code<T>(codes)); }
+inline void widen_block(const Problem& p, int64_t block, float* wide) {
+  const char* w = static_cast<const char*>(p.w) + block * block_bytes(p.kind, p.kp);
+  if (p.kind == Kind::int8) {
+    for (int64_t e = 0; e < p.kp * BLOCK; e += 8) store(wide + e, widen_int8(reinterpret_cast<const int8_t*>(w) + e));
+    return;
+  }
+  for (int64_t g = 0; g < p.kp / GROUP; ++g)
+    for (int run = 0; run < 4; ++run)
+      for (int h = 0; h < 2; ++h) {
+        const Codes codes = load_codes(reinterpret_cast<const uint8_t*>(w) + g * INT4_RECORD + 64 + 32 * (2 * run + h));
+        float* into = wide + (g * GROUP + 8 * run) * BLOCK + 8 * h;
+        widen_code<0>(codes, into), widen_code<1>(codes, into), widen_code<2>(codes, into);
+        widen_code<3>(codes, into), widen_code<4>(codes, into), widen_code<5>(codes, into);
+        widen_code<6>(codes, into), widen_code<7>(codes, into);
+      }
+}
+
+// R rows from row0 times one block of int8 or int4 weights, widened in `wide`: the same chains.
+template <int R>
+void run_wide(const Problem& p, int64_t row0, int64_t block, const float* wide) {
+  const float* X = p.x + row0 * p.ldx;
+  float out[R][1][16];
+  if (p.kind == Kind::int4) {
+    const char* blocks[1] = {static_cast<const char*>(p.w) + block * block_bytes(p.kind, p.kp)};
+    dot_int4<R, 1, true>(X, p.ldx, p.kp / GROUP, p.sums + row0 * (p.kp / GROUP), blocks, false, out, wide);
+  } else {
+    const char* blocks[1] = {reinterpret_cast<const char*>(wide)};
+    V8 acc[R][1][2];
+    dot<Kind::f32, R, 1>(X, p.ldx, p.kp, blocks, false, acc);
+    for (int r = 0; r < R; ++r) store(out[r][0], acc[r][0][0]), store(out[r][0] + 8, acc[r][0][1]);
+  }
+  store_rows<R, 1>(p, row0, block * BLOCK, out);
+}
+
+inline void linear_blocks_wide(const Problem& p, int64_t b0, int64_t b1) {
+  std::vector<float> wide(p.kp * BLOCK);
+  for (int64_t block = b0; block < b1; ++block) {
+    widen_block(p, block, wide.data());
+    for (int64_t row0 = 0; row0 < p.m; row0 += MAX_ROWS) {
+      switch (std::min<int64_t>(MAX_ROWS, p.m - row0)) {
+        case 4: run_wide<4>(p, row0, block, wide.data()); break;
+        case 3: run_wide<3>(p, row0, block, wide.data()); break;
+        case 2: run_wide<2>(p, row0, block, wide.data()); break;
+        default: run_wide<1>(p, row0, block, wide.data()); break;
+      }
+    }
+  }
+}
+
 // Blocks [b0, b1) of the outputs, every row: what one thread does (threads split the outputs, never the inputs).
 inline void linear_blocks(const Problem& p, int64_t b0, int64_t b1) {
+  if (p.m > MAX_ROWS && (p.kind == Kind::int8 || p.kind == Kind::int4)) return linear_blocks_wide(p, b0, b1);
   for (int64_t block = b0; block < b1; block += GROUP_BLOCKS) {
     const int64_t count = std::min<int64_t>(GROUP_BLOCKS, b1 - block);
     for (int64_t row0 = 0; row0 < p.m; row0 += MAX_ROWS) {
