@@ -17,9 +17,9 @@
 //                     acc = fma(m, sum_g(x), fma(d, part, acc)), group after group; y = bf16(acc)
 // bf16() is VCVTNEPS2BF16's rounding (to nearest even, a subnormal to a signed zero), which the AVX-512 kernels use.
 //
-// Speed: decoding one request reads every weight once, so one row runs 4 blocks of 16 outputs at once (8 chains in
-// flight hide the fma latency) and requests its lines ahead; more rows run up to MAX_ROWS rows x 16 outputs in
-// registers, the block's weights then coming from cache on each pass.
+// Speed: decoding one request reads every weight once, so one row runs 2 blocks of 16 outputs at once (4 chains in
+// flight) and requests its lines ahead; more rows run up to MAX_ROWS rows x 16 outputs in registers, the block's
+// weights then coming from cache on each pass (int8 and int4 widened once per block, `linear_blocks_wide`).
 #pragma once
 
 #include <algorithm>
@@ -233,14 +233,13 @@ void run(const Problem& p, int64_t row0, int64_t block) {
   store_rows<R, C>(p, row0, block * BLOCK, out);
 }
 
-// `rows` rows from row0 times `count` blocks from `block`: one row takes up to 4 blocks at once, 2 rows 2, more
-// rows one (their chains fill the registers).
+// `rows` rows from row0 times `count` blocks from `block`: one or two rows take two blocks at once (one row's 4 chains
+// of one block wait on the fused multiply-add's latency), more rows one (their chains fill the registers). On the
+// 2-core EPYC (Zen 1), 576 x 576 at one row from L2, a core: 4 blocks at once were 15-30% slower than 2 (spills).
 template <int R>
 void run_blocks(const Problem& p, int64_t row0, int64_t block, int64_t count) {
   for (int64_t b = block; b < block + count;) {
-    const int64_t left = block + count - b;
-    if (R == 1 && left >= 4) run<R, 4>(p, row0, b), b += 4;
-    else if (R <= 2 && left >= 2) run<R, 2>(p, row0, b), b += 2;
+    if (R <= 2 && block + count - b >= 2) run<R, 2>(p, row0, b), b += 2;
     else run<R, 1>(p, row0, b), b += 1;
   }
 }
