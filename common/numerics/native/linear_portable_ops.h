@@ -78,17 +78,33 @@ at::Tensor linear_portable(const at::Tensor& x, const at::Tensor& packed, const 
   TORCH_CHECK(!int4 || k == kp, "int4 takes whole groups of 32 inputs");
   auto out = at::empty({m, n}, x.options());
   if (m == 0) return out;
-  // The rows in float32 (bfloat16 widens exactly), zero padded to kp inputs.
-  at::Tensor xf = x.contiguous();
-  if (!f32 || k != kp) {
-    xf = at::zeros({m, kp}, x.options().dtype(at::kFloat));
-    xf.narrow(1, 0, k).copy_(x);
+  // The rows in float32 (bfloat16 widens exactly: a shift), zero padded to kp inputs, in a buffer of this thread's
+  // (two tensor operations here cost more than the kernel on a small linear).
+  const at::Tensor xc = x.contiguous();
+  thread_local std::vector<float> buffer;
+  const float* X = f32 && k == kp ? xc.const_data_ptr<float>() : nullptr;
+  if (!X) {
+    buffer.resize(m * kp);
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = buffer.data() + r * kp;
+      if (f32) {
+        std::copy(xc.const_data_ptr<float>() + r * k, xc.const_data_ptr<float>() + (r + 1) * k, row);
+      } else {
+        const uint16_t* bits = reinterpret_cast<const uint16_t*>(xc.const_data_ptr()) + r * k;
+        for (int64_t i = 0; i < k; ++i) {
+          const uint32_t wide = uint32_t{bits[i]} << 16;
+          std::memcpy(row + i, &wide, 4);
+        }
+      }
+      std::fill(row + k, row + kp, 0.0f);
+    }
+    X = buffer.data();
   }
   const at::Tensor scale = int8 ? scales->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!int8 || scale.numel() >= n, "one scale per output");
   std::vector<float> sums(int4 ? m * (kp / sp::GROUP) : 0);
-  if (int4) sp::group_sums(xf.const_data_ptr<float>(), m, kp, kp / sp::GROUP, sums.data());
-  const sp::Problem problem{kind, xf.const_data_ptr<float>(), m, kp, kp, n, packed.const_data_ptr(),
+  if (int4) sp::group_sums(X, m, kp, kp / sp::GROUP, sums.data());
+  const sp::Problem problem{kind, X, m, kp, kp, n, packed.const_data_ptr(),
                             int8 ? scale.const_data_ptr<float>() : nullptr, int4 ? sums.data() : nullptr,
                             out.data_ptr()};
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) { sp::linear_blocks(problem, b0, b1); });
