@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test test-fast lint bench bench-serve aiperf mutants setup model clean vllm-venv chromium
+.PHONY: demo test test-fast lint native-check bench bench-serve aiperf mutants setup model clean vllm-venv chromium
 
 setup: $(DEPS)
 
@@ -27,7 +27,7 @@ demo: $(MODEL)
 	$(BIN)/python -m stages.05_streaming
 
 # The fast suite (tiny model) first, then the real-model and cluster tests (markers in pyproject.toml).
-test: lint $(MODEL) chromium
+test: lint native-check $(MODEL) chromium
 	$(BIN)/python -m pytest -q -m "not real_model and not cluster" tests
 	$(BIN)/python -m pytest -q -m "real_model or cluster" tests
 
@@ -41,6 +41,12 @@ lint: $(DEPS)
 # which downloads no browser of its own. As root, as on CI; elsewhere install it once with sudo.
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+# The CPU kernels' standalone C++ tests (common/numerics/native/test/*_test.cpp, no torch, no venv): built natively,
+# for the scalar path and for aarch64 under qemu (installing g++-aarch64-linux-gnu and qemu-user with apt-get when
+# missing); every build must pass and give the same hash of its outputs.
+native-check:
+	bash common/numerics/native/test/run.sh
 
 # The benchmark ladder with its baselines and peers (stages/bench/peers.py), each engine alone on the machine in
 # turn: `make bench-peers` first (a peer that does not build is a note in the ladder, which goes on), then

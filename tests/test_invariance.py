@@ -74,6 +74,20 @@ def test_tile_check_finds_a_tile_and_rejects_a_batch_dependent_matmul():
     assert f"up to {tile} rows" in note and all(lin.row_tile == tile and not lin.exact_tiles for lin in linears)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_portable_kernel_keeps_rows_bits_in_the_largest_tile(monkeypatch, dtype):
+    """Our portable linear (any CPU; forced here, the default where there is no AVX-512) takes bfloat16 and float32
+    weights as they are (nothing widened to float32) and passes the load-time check at the largest tile, so no call
+    is padded: a row's sums never depend on the call (tests/test_native_linear.py checks its bits)."""
+    if not native.load(native.LINEAR_SOURCE):
+        pytest.skip("linear.cpp did not build here")
+    monkeypatch.setenv("STEPWISE_LINEAR", "portable")
+    gen = torch.Generator().manual_seed(0)
+    linears = [Linear(randn(gen, o, i, scale=i ** -0.5, dtype=dtype)) for o, i in SMOLLM2_SHAPES[:4] + [(100, 70)]]
+    assert all(native.is_portable(lin.kernel_name) and not lin.widen and lin.ours.dtype == dtype for lin in linears)
+    assert find_row_tile(linears, dtype, CPU) == max(CANDIDATE_TILES)
+
+
 def test_a_cached_tile_is_keyed_on_our_kernels_source(monkeypatch):
     """The row tile found for our kernel is cached per machine; an edited kernel must be checked again, not
     trusted from the cache: its source is part of the key (a torch backend's key does not change with it)."""

@@ -1,55 +1,179 @@
-"""Our linears (numerics/native/linear.cpp: AMX, and linear_avx512.h's two kernels where there is no AMX): a row's
-bits never depend on the call's other rows, and the result is the product torch computes in float32, within
-bfloat16 rounding. Each test runs on every kernel this CPU has (the AVX-512 ones on AMX machines too, through
-STEPWISE_LINEAR); where it has none, torch's linears run (tests/test_invariance.py and tests/test_quant.py cover
-those)."""
+"""Our linears (numerics/native/linear.cpp: AMX, linear_avx512.h's two kernels where there is no AMX, and the portable
+kernel of linear_portable.h on any CPU): a row's bits never depend on the call's other rows, and the result is the
+product torch computes in float32, within bfloat16 rounding. Each test runs on every kernel this CPU has (the
+AVX-512 ones on AMX machines too, and the portable one everywhere, through STEPWISE_LINEAR). The portable kernel's
+bits are also checked against its definition written in tensor ops (common/numerics/linear_reference.py), and on a
+CPU with AVX-512 against the AVX-512 kernels it reproduces. Where linear.cpp does not build, torch's linears run
+(tests/test_invariance.py and tests/test_quant.py cover those)."""
+import ctypes
+import ctypes.util
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from common.numerics import native
-from common.numerics.invariant import Linear
+from common.numerics import linear_reference as reference, native
+from common.numerics.invariant import Linear, uses_packed_bf16
+from common.numerics.int4 import Int4Linear, q4_1_groups, q4_1_quantize
 from common.numerics.int8 import Int8Linear
 
-AVX512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
+BUILT = native.load(native.LINEAR_SOURCE)
+AVX512 = BUILT and native.kernels(native.LINEAR_SOURCE).avx512_ready()
+PORTABLE = f"portable {native.kernels(native.LINEAR_SOURCE).portable_isa()}" if BUILT else None
 KERNELS = [name for name, available in (("AMX", native.amx_linear_ready()), ("AVX-512 BF16", AVX512),
-                                        ("AVX-512 FMA", AVX512)) if available]
-pytestmark = pytest.mark.skipif(not KERNELS, reason="neither AMX-BF16 nor AVX-512 BF16 on this CPU (or no compiler)")
+                                        ("AVX-512 FMA", AVX512), (PORTABLE, BUILT)) if available]
+pytestmark = pytest.mark.skipif(not KERNELS, reason="linear.cpp did not build here (no compiler?)")
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (100, 70), (16, 32), (33, 64), (80, 64)]
+
+
+def use(monkeypatch, name: str) -> str:
+    """Makes ``name`` the kernel our linears take (STEPWISE_LINEAR), checked."""
+    if name != "AMX":
+        monkeypatch.setenv("STEPWISE_LINEAR", native.LINEAR_KERNELS[name])
+    assert native.linear_kernel() == name
+    return name
 
 
 @pytest.fixture(params=KERNELS or ["none"])
 def kernel(request, monkeypatch):
-    if request.param != "AMX":
-        monkeypatch.setenv("STEPWISE_LINEAR", native.LINEAR_KERNELS[request.param])
-    assert native.linear_kernel() == request.param
-    return request.param
+    return use(monkeypatch, request.param)
+
+
+@pytest.fixture
+def portable(monkeypatch):
+    if not BUILT:
+        pytest.skip("linear.cpp did not build here")
+    return use(monkeypatch, PORTABLE)
 
 
 def build(kind: str, weight: torch.Tensor, plain: bool = False):
-    return Linear(weight.bfloat16(), plain) if kind == "bfloat16" else Int8Linear(weight, plain=plain)
+    if kind in ("bfloat16", "float32"):
+        return Linear(weight.to(getattr(torch, kind)), plain)
+    if kind == "int4":
+        return Int4Linear.from_q4_1(q4_1_quantize(weight), plain=plain)
+    return Int8Linear(weight, plain=plain)
+
+
+def kinds(kernel: str) -> list[str]:
+    """The weights a kernel takes in these tests: the portable one float32 and int4 too (tests/test_quant.py runs
+    int4 on the others)."""
+    return ["bfloat16", "int8"] + (["float32", "int4"] if native.is_portable(kernel) else [])
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=st.integers(1, 300), pick=st.integers(0, 299), shape=st.sampled_from(SHAPES),
-       kind=st.sampled_from(["bfloat16", "int8"]), seed=st.integers(0, 2**32 - 1),
-       scale=st.sampled_from([1e-2, 1.0, 30.0]))
+@given(rows=st.integers(1, 300), pick=st.integers(0, 299), shape=st.sampled_from(SHAPES), kind=st.integers(0, 3),
+       seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-2, 1.0, 30.0]))
 def test_row_has_the_same_bits_in_a_call_of_any_size(kernel, rows, pick, shape, kind, seed, scale):
     """Calls of many rows take several passes and tails (of rows, of output blocks); none of it may change a row."""
-    if kind != "bfloat16" and (shape[1] % 32 or shape[0] % 16):
+    kind = kinds(kernel)[kind % len(kinds(kernel))]
+    if kind not in ("bfloat16", "float32") and (shape[1] % 32 or shape[0] % 16):
         return  # the quantized linears take whole groups of 32 inputs and 16 outputs (tests/test_quant.py)
     gen = torch.Generator().manual_seed(seed)
     out_features, in_features = shape
     linear = build(kind, torch.randn(out_features, in_features, generator=gen) * in_features ** -0.5)
     assert linear.backend.startswith(kernel)
-    x = (torch.randn(rows, in_features, generator=gen) * scale).bfloat16()
+    dtype = torch.float32 if kind == "float32" else torch.bfloat16
+    x = (torch.randn(rows, in_features, generator=gen) * scale).to(dtype)
     i = pick % rows
     batched = linear.matmul(x)
-    assert batched.shape == (rows, out_features)
+    assert batched.shape == (rows, out_features) and batched.dtype == dtype
     assert torch.equal(linear.matmul(x[i:i + 1])[0], batched[i])
-    eye = torch.eye(in_features).bfloat16()
-    weight = linear.dequantized() if kind != "bfloat16" else linear.matmul(eye).t().float()
+    eye = torch.eye(in_features, dtype=dtype)
+    weight = linear.dequantized() if kind in ("int8", "int4") else linear.matmul(eye).t().float()
     torch.testing.assert_close(batched.float(), x.float() @ weight.t(), rtol=1.6e-2, atol=1e-2 * scale)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(1, 40), shape=st.sampled_from(SHAPES), kind=st.sampled_from(["bfloat16", "float32", "int8",
+                                                                                       "int4"]),
+       seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([2.0 ** -120, 1e-2, 1.0, 30.0]), data=st.data())
+def test_portable_kernel_gives_the_bits_of_its_definition(portable, rows, shape, kind, seed, scale, data):
+    """Every bit of a call of 1..40 rows against the chains linear_portable.h defines, computed in tensor ops from the
+    unpacked weights (common/numerics/linear_reference.py), on some outputs (a ragged last block among them); tiny
+    inputs (2^-120) make subnormal sums, which round to signed zeros. Order-revealing rows (+B w, later -B w) make
+    any other order of the sums show."""
+    out_features, in_features = shape
+    if kind in ("int8", "int4") and (in_features % 32 or out_features % 16):
+        return
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_features, in_features, generator=gen) * in_features ** -0.5
+    dtype = torch.float32 if kind == "float32" else torch.bfloat16
+    x = torch.randn(rows, in_features, generator=gen) * scale
+    first, last = 1, (30 if kind == "int4" else in_features - 2)
+    x[::3, first], x[::3, last] = 2.0 ** 20 * scale, -2.0 ** 20 * scale
+    w[:, last] = w[:, first]
+    x = x.to(dtype)
+    linear = build(kind, w)
+    assert linear.backend.startswith(portable)
+    got = linear.matmul(x)
+    outputs = sorted({out_features - 1, *data.draw(st.lists(st.integers(0, out_features - 1), max_size=12))})
+    if kind in ("bfloat16", "float32"):
+        expected = reference.dense(x.float(), w.to(dtype).float()[outputs], dtype)
+    elif kind == "int8":
+        expected = reference.int8(x.float(), linear.qweight[outputs].float(), linear.scales[outputs])
+    else:
+        codes, d, m = (torch.from_numpy(t.astype(np.float32)) for t in q4_1_groups(q4_1_quantize(w)))
+        expected = reference.int4(x.float(), codes[outputs], d[outputs], m[outputs])
+    assert torch.equal(got[:, outputs], expected.to(dtype))
+
+
+def test_the_references_fma_is_libms():
+    """linear_reference.fma32 (float64 arithmetic, corrected where rounding twice differs) against the C
+    library's fmaf: on random triples, and on products that land a hair off a float32 midpoint, where a float64
+    sum rounds onto the midpoint and then the wrong way."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.fmaf.restype, libm.fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+    gen = torch.Generator().manual_seed(0)
+    n = 3000
+    a = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-20, 20, (n,), generator=gen).float())
+    b, c = torch.randn(n, generator=gen), torch.randn(n, generator=gen) * 2.0 ** 10
+    powers = torch.exp2(torch.randint(-20, 20, (1000,), generator=gen).float())
+    signs = torch.where(torch.rand(1000, generator=gen) < 0.5, 1.0, -1.0)
+    a[:1000], b[:1000] = (1 + 2.0 ** -22) * 2.0 ** -17 * powers * signs, 1 - 2.0 ** -22
+    c[:1000] = (2.0 ** 7 + 2.0 ** -16) * powers * signs  # a b + c: a midpoint minus 2^-61 of it
+    want = torch.tensor([libm.fmaf(*t) for t in zip(a.tolist(), b.tolist(), c.tolist())])
+    got = reference.fma32(a.double(), b.double(), c.double()).float()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert not torch.equal((a.double() * b.double() + c.double()).float(), want)  # the traps do trap
+
+
+@pytest.mark.skipif(not AVX512, reason="the AVX-512 kernels need AVX-512 BF16 (this CPU has not)")
+@pytest.mark.parametrize("kind", ["bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (100, 70), (48, 64)])
+def test_portable_kernel_gives_the_avx512_kernels_bits(monkeypatch, kind, shape):
+    """The portable kernel reproduces the AVX-512 FMA kernel (bfloat16, int8) bit for bit, and the int4 sums of the
+    AVX-512 BF16 kernel (VDPBF16PS: each pair odd input first), on inputs far from subnormals (VDPBF16PS flushes
+    those, the portable kernel's fused multiply-adds do not), order-revealing rows included."""
+    out_features, in_features = shape
+    if kind != "bfloat16" and (in_features % 32 or out_features % 16):
+        return
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(out_features, in_features, generator=gen) * in_features ** -0.5
+    x = torch.randn(40, in_features, generator=gen)
+    last = 30 if kind == "int4" else in_features - 2
+    x[::3, 1], x[::3, last], w[:, last] = 2.0 ** 20, -2.0 ** 20, w[:, 1]
+    x = x.bfloat16()
+    results = {}
+    for name in ("AVX-512 BF16" if kind == "int4" else "AVX-512 FMA", PORTABLE):
+        use(monkeypatch, name)
+        linear = build(kind, w)
+        assert linear.backend.startswith(name)
+        results[name] = torch.cat([linear.matmul(x[:rows]) for rows in (1, 7, 40)])
+    first, second = results.values()
+    assert torch.equal(first, second)
+
+
+def test_the_portable_kernel_runs_where_no_avx512_kernel_does(monkeypatch):
+    """On a CPU without AMX and AVX-512 BF16 (AVX2, ARM) our linears are the portable kernel, not torch's: bfloat16
+    is not widened to float32, and float32 takes it too."""
+    monkeypatch.delenv("STEPWISE_LINEAR", raising=False)
+    if not BUILT or AVX512 or native.amx_linear_ready():
+        pytest.skip("this CPU runs another of our kernels" if BUILT else "linear.cpp did not build here")
+    assert native.linear_kernel() == PORTABLE and native.int4_kernel() == PORTABLE
+    for dtype in (torch.bfloat16, torch.float32):
+        linear = Linear(torch.randn(48, 64).to(dtype))
+        assert linear.backend == f"{PORTABLE} kernel (stepwise)" and not linear.widen and linear.weight_t is None
 
 
 def test_int8_holds_torchs_weights_and_matches_its_kernel_within_rounding(kernel):
@@ -93,7 +217,9 @@ def test_the_embedding_lookup_reads_the_rows_of_every_layout(kernel, out_feature
 
 def test_plain_math_keeps_torchs_own_linears():
     w = torch.randn(64, 64)
-    assert Linear(w.bfloat16(), plain=True).backend == "oneDNN prepacked"
+    bf16 = "oneDNN prepacked" if uses_packed_bf16(torch.device("cpu"), torch.bfloat16) else "torch.mm in float32"
+    assert Linear(w.bfloat16(), plain=True).backend.startswith(bf16)
+    assert Linear(w, plain=True).backend == "torch.mm on cpu"
     assert Int8Linear(w, plain=True).backend == "torch Int8 kernel"
 
 
@@ -104,10 +230,21 @@ def test_bad_shapes_fail_clearly(kernel):
         kernels.linear(torch.randn(2, 128).bfloat16(), linear.ours, None, 48, name)
     with pytest.raises(RuntimeError, match="bfloat16"):
         kernels.linear(torch.randn(2, 64), linear.ours, None, 48, name)
-    with pytest.raises(RuntimeError, match="kernel must be amx, fma or dot"):
+    with pytest.raises(RuntimeError, match="kernel must be amx, fma, dot or portable"):
         kernels.linear(torch.randn(2, 64).bfloat16(), linear.ours, None, 48, "fast")
     with pytest.raises(RuntimeError, match="-127..127"):  # -128 has no sign-and-magnitude byte
         kernels.pack(torch.full((16, 32), -128, dtype=torch.int8))
+    if native.is_portable(kernel):
+        avx512_int8 = kernels.pack(torch.ones(48, 64, dtype=torch.int8))  # sign and magnitude, [3, 32, 16, 2]
+        with pytest.raises(RuntimeError, match="not pack_portable's"):
+            kernels.linear(torch.randn(2, 64).bfloat16(), avx512_int8, torch.ones(48), 48, name)
+        with pytest.raises(RuntimeError, match="float32 for float32 weights"):
+            kernels.linear(torch.randn(2, 64).bfloat16(), kernels.pack_portable(torch.randn(48, 64)), None, 48, name)
+        with pytest.raises(RuntimeError, match="interleaved"):
+            kernels.linear(torch.randn(2, 64).bfloat16(), linear.ours, None, 48, name, 2)
+        with pytest.raises(RuntimeError, match="groups of 32 inputs"):
+            kernels.pack_int4_portable(torch.zeros(16, 48, dtype=torch.uint8), torch.zeros(16, 1).half(),
+                                       torch.zeros(16, 1).half())
     if kernel == "AVX-512 FMA":
         records = torch.zeros(3, 2, 320, dtype=torch.uint8)
         with pytest.raises(RuntimeError, match="int4 runs on the amx and dot kernels only"):
@@ -119,7 +256,7 @@ def test_the_kernel_follows_from_the_cpu_and_a_bad_choice_is_named(monkeypatch):
     first = native.linear_kernel()
     assert first == native.linear_kernel() and first in (None, *native.LINEAR_KERNELS)
     monkeypatch.setenv("STEPWISE_LINEAR", "fastest")
-    with pytest.raises(ValueError, match="STEPWISE_LINEAR='fastest': use auto, dot, fma or torch"):
+    with pytest.raises(ValueError, match="STEPWISE_LINEAR='fastest': use auto, dot, fma, portable or torch"):
         native.linear_kernel()
 
 
@@ -128,8 +265,8 @@ def test_the_kernel_follows_from_the_cpu_and_a_bad_choice_is_named(monkeypatch):
 def test_interleaved_blocks_give_the_bits_of_blocks_in_order(kernel, kind, out_features):
     """For the AVX-512 kernels `pack` interleaves the lines of groups of blocks (numerics.native.block_interleave): the
     layout moves bytes, never a result. And the kernel must be told the layout: read as the other, it gives others."""
-    if kernel == "AMX":
-        pytest.skip("AMX's tiles read blocks in order only")
+    if kernel == "AMX" or native.is_portable(kernel):
+        pytest.skip(f"{kernel} reads blocks in order only")
     kernels, name = native.kernels(native.LINEAR_SOURCE), native.LINEAR_KERNELS[kernel]
     gen = torch.Generator().manual_seed(5)
     if kind == "int8":

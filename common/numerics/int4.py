@@ -28,9 +28,10 @@ def q4_1_quantize(weight: torch.Tensor) -> np.ndarray:
 
 
 class Int4Linear(QuantizedLinear):
-    """GGUF Q4_1 groups: ``w = d * q + m``. On a CPU with AMX or AVX-512 BF16, our kernels (``linear_int4.h``,
-    ``linear_avx512.h``) on the GGUF's codes, d and m, reordered at load; on CUDA, ``quant_cuda.py``'s Triton
-    kernel on the GGUF's bytes; elsewhere, or in plain mode, ``torch._weight_int4pack_mm_for_cpu``."""
+    """GGUF Q4_1 groups: ``w = d * q + m``. On CPU our kernels (``linear_int4.h`` on AMX, ``linear_avx512.h`` with
+    AVX-512 BF16, ``linear_portable.h`` elsewhere) on the GGUF's codes, d and m, reordered at load; on CUDA,
+    ``quant_cuda.py``'s Triton kernel on the GGUF's bytes; where none of ours built, or in plain mode,
+    ``torch._weight_int4pack_mm_for_cpu``."""
 
     def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | None = None, plain: bool = False):
@@ -49,9 +50,10 @@ class Int4Linear(QuantizedLinear):
         if not plain and (kernel := native.int4_kernel()):  # the GGUF's codes, d and m, in our kernels' order
             self.kernel_name, self.native_kernels = kernel, native.kernels(native.LINEAR_SOURCE)
             self.kernel_arg = native.LINEAR_KERNELS[kernel]
-            self.records = self.native_kernels.pack_int4(*(torch.from_numpy(np.ascontiguousarray(t)) for t in
-                                                        (codes.astype(np.uint8), d.astype(np.float16),
-                                                         m.astype(np.float16))))
+            ops = self.native_kernels
+            pack = ops.pack_int4_portable if native.is_portable(kernel) else ops.pack_int4
+            self.records = pack(*(torch.from_numpy(np.ascontiguousarray(t)) for t in
+                                  (codes.astype(np.uint8), d.astype(np.float16), m.astype(np.float16))))
             self.nbytes = self.records.numel()
             return
         scale = torch.from_numpy(d.astype(np.float32))
@@ -93,6 +95,12 @@ class Int4Linear(QuantizedLinear):
             blocks, chunks = self.records.shape[:2]
             d, m = (self.records[..., i:i + 32].contiguous().view(torch.float16).float().transpose(1, 2)
                     for i in (0, 32))  # [blocks, 16 outputs, chunks]
+            if native.is_portable(self.kernel_name):  # linear_portable_pack.h: run 2c + h, word j, nibble t
+                b = self.records[..., 64:].reshape(blocks, chunks, 4, 2, 8, 4)  # [.., c, h, j, byte]
+                t = torch.stack([b & 0xF, b >> 4], -1).reshape(blocks, chunks, 4, 2, 8, 8)  # [.., c, h, j, t]
+                q = t.permute(0, 3, 4, 1, 2, 5).reshape(blocks, 16, -1).float()  # [blocks, output 8h + j, 32g + 8c + t]
+                w = q * d.repeat_interleave(GROUP_SIZE, -1) + m.repeat_interleave(GROUP_SIZE, -1)
+                return w.reshape(-1, self.in_features)[:self.out_features, :columns]
             # linear.cpp's pack_int4: byte 16 L + 8 h + r of each 64 bytes g holds word 8 L + r of tile row 4g + h
             # (low nibble) and of tile row 4g + 2 + h (high nibble); word 2o + p of row j is input 2j + p of output o
             b = self.records[..., 64:].view(blocks, chunks, 4, 4, 2, 8)  # [.., g, L, h, r]

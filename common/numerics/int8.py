@@ -9,8 +9,10 @@ from common.numerics.quant import QuantizedLinear, check_shape, cuda_kernels
 
 class Int8Linear(QuantizedLinear):
     """Per-output-channel int8. On a CPU with AMX, our kernel (``native/linear.cpp``) widens each block of
-    weights to bfloat16 (exact: 7 significant bits) and multiplies on the tiles like the bfloat16 linear;
-    on CUDA, ``quant_cuda.py``'s Triton kernel; elsewhere, or in plain mode, ``torch._weight_int8pack_mm``."""
+    weights to bfloat16 (exact: 7 significant bits) and multiplies on the tiles like the bfloat16 linear; with
+    AVX-512 or on any other CPU, our AVX-512 or portable kernel widens them to float32 (exact) in registers and
+    scales each output once at the end; on CUDA, ``quant_cuda.py``'s Triton kernel; where none of ours built, or
+    in plain mode, ``torch._weight_int8pack_mm``."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16, plain: bool = False,
                  device: torch.device | str | None = None):
@@ -29,7 +31,12 @@ class Int8Linear(QuantizedLinear):
         self.native_kernels = native.kernels(native.LINEAR_SOURCE) if self.kernel_name else None
         self.kernel_arg = native.LINEAR_KERNELS.get(self.kernel_name)  # linear.cpp's name for it
         self.interleave = native.block_interleave(self.kernel_arg, self.out_features)
-        self.ours = None if self.native_kernels is None else self.native_kernels.pack(q, self.interleave)
+        if self.native_kernels is None:
+            self.ours = None
+        elif native.is_portable(self.kernel_name):  # plain int8 in the portable kernel's order
+            self.ours = self.native_kernels.pack_portable(q)
+        else:  # sign and magnitude in the AVX-512 kernels' widening order
+            self.ours = self.native_kernels.pack(q, self.interleave)
         self._qweight = q.to(device) if self.ours is None else None  # our CPU kernels keep only their packed copy
         self.scales = self.scales.to(device)
         self._scales_f32 = self.scales.float()

@@ -22,9 +22,12 @@ any deterministic kernel, at the price of padding.
 On a CPU with Intel AMX, or with AVX-512 and its BF16 extension, a bfloat16 linear is our own kernel
 (``common/numerics/native/linear.cpp``, ``linear_avx512.h``): each output's sum over the input features runs in one
 fixed order by construction, so a row keeps its bits in a call of any size, and it streams one request's
-weights faster than oneDNN does. Elsewhere in bfloat16 the weight is prepacked once into oneDNN's
-blocked layout (what ``torch.compile``'s freezing does), which skips the re-layout of the
-whole weight that a plain ``torch.mm`` does on every call. docs/native-kernels.md has the measurements.
+weights faster than oneDNN does. On any other CPU (AVX2, ARM) bfloat16 and float32 linears run our portable kernel
+(``linear_portable.h``), built on the same idea and giving the AVX-512 FMA kernel's bits: no padding to a tile and
+no widening of bfloat16 weights there. Only where none of ours built (or in plain mode) does torch run: in
+bfloat16 the weight prepacked once into oneDNN's blocked layout (what ``torch.compile``'s freezing does), which
+skips the re-layout of the whole weight that a plain ``torch.mm`` does on every call, where oneDNN packs bfloat16
+(AVX-512), else ``torch.mm``. docs/native-kernels.md has the measurements.
 """
 from __future__ import annotations
 
@@ -56,11 +59,17 @@ def uses_packed_bf16(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def widens_bf16(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a bfloat16 linear on ``device`` computes in float32 instead: on a CPU without AVX-512 (AVX2 only)
-    torch's bfloat16 matmul takes a scalar path far slower than float32's (docs/measuring.md), while float32
-    products of bfloat16 values are exact, so widening the weights once and rounding each output once costs
-    only memory."""
+    """Whether a bfloat16 linear on ``device`` that runs on torch computes in float32 instead: on a CPU without
+    AVX-512 (AVX2 only) torch's bfloat16 matmul takes a scalar path far slower than float32's (docs/measuring.md),
+    while float32 products of bfloat16 values are exact, so widening the weights once and rounding each output once
+    costs only memory. Where our portable kernel runs (``runs_portable``), nothing widens."""
     return device.type == "cpu" and dtype == torch.bfloat16 and not uses_packed_bf16(device, dtype)
+
+
+def runs_portable(kernel: str | None, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a linear of ``dtype`` weights on ``device`` runs our portable kernel, ``kernel`` being
+    ``native.linear_kernel()``: on CPU, bfloat16 or float32 weights (int8 and int4 decide in their own classes)."""
+    return native.is_portable(kernel) and device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
 
 
 class RowTiled:
@@ -98,16 +107,19 @@ class Linear(RowTiled):
         self.nbytes = weight.numel() * weight.element_size()
         self.plain = plain
         self.packed = self.ours = self.weight_t = None
-        self.widen = widens_bf16(weight.device, weight.dtype)
-        if self.widen:  # no bfloat16 matmul worth the name here: float32 weights, exact products, one rounding
-            self.weight_t = weight.t().float().contiguous()
-        elif not uses_packed_bf16(weight.device, weight.dtype):
-            self.weight_t = weight.t().contiguous()
-        elif not plain and (kernel := native.linear_kernel()):
+        kernel = None if plain or weight.device.type != "cpu" else native.linear_kernel()
+        portable = runs_portable(kernel, weight.device, weight.dtype)
+        self.widen = not portable and widens_bf16(weight.device, weight.dtype)
+        if portable or (kernel and uses_packed_bf16(weight.device, weight.dtype)):  # ours
             self.kernel_name, self.native_kernels = kernel, native.kernels(native.LINEAR_SOURCE)
             self.kernel_arg = native.LINEAR_KERNELS[kernel]  # linear.cpp's name for it, looked up once
             self.interleave = native.block_interleave(self.kernel_arg, self.out_features)
-            self.ours = self.native_kernels.pack(weight.contiguous(), self.interleave)
+            self.ours = (self.native_kernels.pack_portable(weight) if portable
+                         else self.native_kernels.pack(weight.contiguous(), self.interleave))
+        elif self.widen:  # no bfloat16 matmul worth the name here: float32 weights, exact products, one rounding
+            self.weight_t = weight.t().float().contiguous()
+        elif not uses_packed_bf16(weight.device, weight.dtype):
+            self.weight_t = weight.t().contiguous()
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_HINT)
 

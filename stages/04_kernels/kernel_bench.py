@@ -10,7 +10,8 @@ For every element-wise op stage 04 fuses (add + RMSNorm, RoPE on q and k, SwiGLU
 
 Each version is checked bit for bit against the reference on SmolLM2-shaped rows (the lesson of the
 textbook row: fewer spelled-out roundings, other bits, so other tokens sooner or later) and timed at
-1 and 32 rows. The linears and attention are not here: every stage shares those (``common/numerics``).
+1 and 32 rows. The linears every stage shares (``common/numerics``) follow in a table of their own on CPU
+(``linear_bench.py``); attention is not here.
 """
 from __future__ import annotations
 

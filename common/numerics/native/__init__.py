@@ -1,6 +1,6 @@
 """Build (once per machine) and load the project's C++ kernels: the CPU attention
-(``kernels(SOURCE).attention``) and the linears (``kernels(LINEAR_SOURCE)``, see
-``linear.cpp``: AMX, or AVX-512 where there is no AMX); stage 04 builds its fused element-wise kernels the same way.
+(``kernels(SOURCE).attention``) and the linears (``kernels(LINEAR_SOURCE)``, see ``linear.cpp``: AMX, AVX-512
+where there is no AMX, the portable kernel elsewhere); stage 04 builds its fused element-wise kernels the same way.
 
 Why a compiled kernel on CPU: the same attention written with tensor operations costs
 about 25 of them per layer, each a few microseconds of dispatch on tiny tensors, plus a
@@ -64,29 +64,40 @@ def enabled(device: torch.device) -> bool:
 
 
 # Our linear kernels, by the name the engine shows, and the `kernel` argument of linear.cpp's `linear` for each.
-LINEAR_KERNELS = {"AMX": "amx", "AVX-512 BF16": "dot", "AVX-512 FMA": "fma"}
+LINEAR_KERNELS = {"AMX": "amx", "AVX-512 BF16": "dot", "AVX-512 FMA": "fma", "portable AVX2": "portable",
+                  "portable NEON": "portable", "portable scalar": "portable"}
 
 
 def linear_kernel() -> str | None:
-    """Which of our linear kernels (``linear.cpp``) this CPU runs for bfloat16 and int8 weights: "AMX" where the
-    CPU has AMX-BF16 and Linux granted the tile state; else, with AVX-512 BF16 (``linear_avx512.h``), "AVX-512 BF16"
-    (VDPBF16PS, one instruction per input pair) on AMD's CPUs and "AVX-512 FMA" (float32 multiply-adds) on
-    Intel's, the faster of the two on each where measured (``linear_avx512.h``); else None: torch's linears run.
-    The choice follows from the CPU alone, so one machine always gives the same bits. ``STEPWISE_LINEAR=dot``,
-    ``fma`` or ``torch`` overrides it."""
+    """Which of our linear kernels (``linear.cpp``) this CPU runs: "AMX" where the CPU has AMX-BF16 and Linux
+    granted the tile state; else, with AVX-512 BF16 (``linear_avx512.h``), "AVX-512 BF16" (VDPBF16PS, one
+    instruction per input pair) on AMD's CPUs and "AVX-512 FMA" (float32 multiply-adds) on Intel's, the faster of
+    the two on each where measured (``linear_avx512.h``); else the portable kernel (``linear_portable.h``: "portable
+    AVX2", "portable NEON" or "portable scalar", whichever the build targets), which also takes float32 weights and
+    gives the AVX-512 FMA kernel's bits; None where linear.cpp did not build: torch's linears run. The choice
+    follows from the CPU alone, so one machine always gives the same bits. ``STEPWISE_LINEAR=dot``, ``fma``,
+    ``portable`` or ``torch`` overrides it (dot and fma only where the CPU has AVX-512 BF16, else torch's run)."""
     choice = os.environ.get("STEPWISE_LINEAR", "auto")
-    if choice not in ("auto", "dot", "fma", "torch"):
-        raise ValueError(f"STEPWISE_LINEAR={choice!r}: use auto, dot, fma or torch")
+    if choice not in ("auto", "dot", "fma", "portable", "torch"):
+        raise ValueError(f"STEPWISE_LINEAR={choice!r}: use auto, dot, fma, portable or torch")
     if choice == "torch" or not load(LINEAR_SOURCE):
         return None
     module = kernels(LINEAR_SOURCE)
     if choice == "auto" and module.ready():
         return "AMX"
-    if not module.avx512_ready():
+    if choice != "portable" and module.avx512_ready():
+        if choice == "auto":
+            choice = "dot" if "AMD" in cpu_identity().splitlines()[0] else "fma"
+        return "AVX-512 BF16" if choice == "dot" else "AVX-512 FMA"
+    if choice in ("dot", "fma"):
         return None
-    if choice == "auto":
-        choice = "dot" if "AMD" in cpu_identity().splitlines()[0] else "fma"
-    return "AVX-512 BF16" if choice == "dot" else "AVX-512 FMA"
+    return f"portable {module.portable_isa()}"
+
+
+def is_portable(kernel: str | None) -> bool:
+    """Whether ``kernel`` (a name from ``linear_kernel``) is the portable one: its own packed layout, and float32
+    weights besides bfloat16, int8 and int4."""
+    return LINEAR_KERNELS.get(kernel) == "portable"
 
 
 def block_interleave(kernel_arg: str | None, out_features: int) -> int:
@@ -102,9 +113,10 @@ def block_interleave(kernel_arg: str | None, out_features: int) -> int:
 
 def int4_kernel() -> str | None:
     """Which of our kernels runs int4 (Q4_1 groups): "AMX", else "AVX-512 BF16" wherever our AVX-512 linears run
-    (one int4 kernel there, VDPBF16PS, whichever kernel the bfloat16 linears take), else None: torch's."""
+    (one int4 kernel there, VDPBF16PS, whichever kernel the bfloat16 linears take), else the portable kernel (its
+    sums in the order of the AVX-512 one), else None: torch's."""
     kernel = linear_kernel()
-    return kernel if kernel in (None, "AMX") else "AVX-512 BF16"
+    return kernel if kernel in (None, "AMX") or is_portable(kernel) else "AVX-512 BF16"
 
 
 def amx_linear_ready() -> bool:

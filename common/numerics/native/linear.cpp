@@ -19,7 +19,8 @@
 //
 // Built with -march=native: where the compiler or the CPU lacks AMX-BF16, `ready()` is
 // false, and bfloat16 and int8 weights run on `linear_avx512.h`'s kernel (the same packed
-// weights) where the CPU has AVX-512 BF16, else on torch's linears. Linux also asks each process
+// weights) where the CPU has AVX-512 BF16, else on `linear_portable.h`'s (AVX2, NEON or plain C++;
+// its own layout; the bits of the AVX-512 FMA kernel). Linux also asks each process
 // to request the AMX tile state (arch_prctl) before its first use; `ready()` does that once.
 #include <torch/csrc/utils/pybind.h>  // tensors to and from Python
 #include <ATen/ATen.h>
@@ -206,6 +207,7 @@ void multiply_blocks(const uint16_t* X, int64_t m, int64_t kp, Weights weights, 
 
 #include "linear_int4.h"  // int4 on the same tiles: Q4_1 groups (needs Tiles and store_rows above)
 #include "linear_avx512.h"  // the same packed weights on AVX-512 (float32 multiply-adds), where there is no AMX
+#include "linear_portable_ops.h"  // any CPU (AVX2, NEON, plain C++): the AVX-512 FMA kernel's bits, its own layout
 
 namespace {
 
@@ -256,9 +258,10 @@ at::Tensor pack(const at::Tensor& weight, int64_t interleave) {
 // in a decode step of one request, whose weights had just pushed everything else out of the caches).
 at::Tensor int8_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t k, int64_t interleave,
                      const c10::optional<at::Tensor>& scales) {
-  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 4 && packed.is_contiguous(),
-              "int8_rows reads an int8 weight from pack");
-  const int64_t blocks = packed.size(0), kp = packed.size(1) * 2, block_bytes = kp * 16;
+  const bool portable = packed.dim() == 3;  // pack_portable's [blocks][kp][16]: weight (o, i) at (o / 16, i, o % 16)
+  TORCH_CHECK(packed.scalar_type() == at::kChar && (packed.dim() == 4 || portable) && packed.is_contiguous(),
+              "int8_rows reads an int8 weight from pack or pack_portable");
+  const int64_t blocks = packed.size(0), kp = portable ? packed.size(1) : packed.size(1) * 2, block_bytes = kp * 16;
   TORCH_CHECK(0 < k && k <= kp && (interleave == 1 || interleave == 2 || interleave == 4), "k or interleave");
   const auto id = ids.to(at::kLong).contiguous();
   const int64_t n = id.numel(), *id_p = id.data_ptr<int64_t>();
@@ -273,6 +276,14 @@ at::Tensor int8_rows(const at::Tensor& packed, const at::Tensor& ids, int64_t k,
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = id_p[r] / 16, o = id_p[r] % 16;
       const uint8_t* block = W + b / interleave * interleave * block_bytes + b % interleave * 64;
+      if (portable) {
+        for (int64_t i = 0; i < k; ++i) {
+          const int q = static_cast<int8_t>(block[i * 16 + o]);
+          if (S) dequantized[r * k + i] = at::BFloat16(q * S[id_p[r]]);
+          else values[r * k + i] = static_cast<int8_t>(q);
+        }
+        continue;
+      }
       for (int64_t i = 0; i < k; ++i) {
         // Input i is half i % 2 of pair i / 2; 64-byte line i / 4 holds pairs 2l and 2l + 1 of the block's outputs,
         // packed weight w of a line at byte 16 * lane + r (w = 8 * lane + r) or 16 * lane + 8 + r (w = 32 + ...).
@@ -297,11 +308,17 @@ bool avx512_ready() {
 
 // x [m, k] bfloat16 times a packed weight: bfloat16; int8 with one float32 scale per output (y = (x . q) * s);
 // or int4 records (`pack_int4`, uint8: y = sum over groups of d (x . q) + m (sum of x)). `kernel`: "amx" on the AMX
-// tiles; "dot" (VDPBF16PS) or "fma" (float32 multiply-adds, no int4) with AVX-512 (`linear_avx512.h`). `interleave`:
-// the layout `pack` was given (1 for AMX and int4).
+// tiles; "dot" (VDPBF16PS) or "fma" (float32 multiply-adds, no int4) with AVX-512 (`linear_avx512.h`); "portable"
+// on any CPU, for weights from `pack_portable` / `pack_int4_portable` (float32 ones too, with float32 x).
+// `interleave`: the layout `pack` was given (1 for AMX, int4 and the portable kernel).
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::optional<at::Tensor>& scales, int64_t n,
                   const std::string& kernel, int64_t interleave) {
-  TORCH_CHECK(kernel == "amx" || kernel == "fma" || kernel == "dot", "kernel must be amx, fma or dot");
+  TORCH_CHECK(kernel == "amx" || kernel == "fma" || kernel == "dot" || kernel == "portable",
+              "kernel must be amx, fma, dot or portable");
+  if (kernel == "portable") {
+    TORCH_CHECK(interleave == 1, "the portable kernel's weights are not interleaved");
+    return linear_portable(x_in, packed, scales, n);
+  }
   const bool amx = kernel == "amx";
   TORCH_CHECK(!amx || ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
   TORCH_CHECK(amx || avx512_ready(), "the AVX-512 linear needs a CPU with AVX-512 BF16 and VBMI");
@@ -401,6 +418,9 @@ PYBIND11_MODULE(STEPWISE_MODULE, m) {
   m.def("avx512_ready", &avx512_ready);
   m.def("pack", &pack, pybind11::arg("weight"), pybind11::arg("interleave") = 1);
   m.def("pack_int4", &pack_int4);
+  m.def("portable_isa", &portable_isa);
+  m.def("pack_portable", &pack_portable);
+  m.def("pack_int4_portable", &pack_int4_portable);
   m.def("int8_rows", &int8_rows, pybind11::arg("packed"), pybind11::arg("ids"), pybind11::arg("k"),
         pybind11::arg("interleave"), pybind11::arg("scales") = pybind11::none());
   m.def("linear", &linear, pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("scales"), pybind11::arg("n"),

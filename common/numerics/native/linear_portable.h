@@ -1,0 +1,330 @@
+// The portable batch-invariant linear: y = x @ W.T on any CPU, the same bits on every ISA (AVX2, NEON, plain C++)
+// and the same bits as linear_avx512.h's "AVX-512 FMA" kernel. Torch-free: linear.cpp binds it for the engine,
+// native/test/linear_test.cpp builds it alone (natively, for the scalar path, and for aarch64 under qemu).
+//
+// Why the bits cannot differ. In the packed layout (linear_portable_pack.h) one output sits in one vector lane, so
+// an output's sum is a plain chain over its inputs in input order, from +0:
+//     acc = fma(x_i, w_i, acc)          i = 0 .. kp - 1 (zero padded)
+// one rounding per input; no horizontal sum, no split of the inputs, no contraction (explicit fma, built with
+// -ffp-contract=off). Which rows share a call, how rows and outputs are blocked into registers, how outputs are
+// split over threads: none of it touches a chain, so a row has the same bits in a call of any size, on any
+// machine. Then, per output:
+//   bfloat16 weights  y = bf16(acc)
+//   float32 weights   y = acc (float32 x, float32 y)
+//   int8 weights      y = bf16(acc * scale)       (the AVX-512 kernels' order: sum the integers, scale once)
+//   int4 (Q4_1)       per group of 32 inputs a fresh chain part over its input pairs, the odd input of each
+//                     pair first (the order of VDPBF16PS in linear_avx512.h's int4 kernel), then
+//                     acc = fma(m, sum_g(x), fma(d, part, acc)), group after group; y = bf16(acc)
+// bf16() is VCVTNEPS2BF16's rounding (to nearest even, a subnormal to a signed zero), which the AVX-512 kernels use.
+//
+// Speed: decoding one request reads every weight once, so one row runs 2 blocks of 16 outputs at once (4 chains in
+// flight) and requests its lines ahead; more rows run up to MAX_ROWS rows x 16 outputs in registers, the block's
+// weights then coming from cache on each pass (int8 and int4 widened once per block, `linear_blocks_wide`).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "linear_portable_pack.h"
+#include "portable_simd.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace stepwise_portable {
+
+// Rows x blocks in registers: 4 rows x 16 outputs are 8 AVX2 accumulators (16 NEON ones), which leaves room for a
+// line's weights widened, the raw line and a broadcast input (6 rows spilled accumulators to the stack on AVX2).
+constexpr int MAX_ROWS = 4, GROUP_BLOCKS = 4;
+constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead of its loads each block's weights are requested
+
+// VCVTNEPS2BF16: round to nearest even; zero and subnormal -> signed zero; NaN stays a (quiet) NaN.
+inline uint16_t round_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7F800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000u);
+  if ((u & 0x7F800000u) == 0x7F800000u) return static_cast<uint16_t>((u >> 16) | ((u & 0x7FFFFFu) ? 0x40u : 0u));
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+struct Problem {
+  Kind kind;
+  const float* x;  // [m][ldx] float32 (bfloat16 widened exactly); inputs k .. kp - 1 must be zero
+  int64_t m, ldx, kp, n;
+  const void* w;  // packed (linear_portable_pack.h)
+  const float* scale;  // int8: one per output
+  const float* sums;  // int4: [m][kp / 32], `group_sums`
+  void* out;  // [m][n]: float32 for float32 weights, else bfloat16 bits
+};
+
+// Each row's sum of x over each group of 32 inputs, in the order of linear_int4.h's `sum_groups`: x[i] + x[i + 16],
+// then the halving tree of GCC's _mm512_reduce_add_ps (8 + 8, 4 + 4, lanes j and j + 2, lanes 0 and 1).
+inline void group_sums(const float* X, int64_t m, int64_t ldx, int64_t groups, float* sums) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* x = X + r * ldx + g * GROUP;
+      float v[16], t[8], u[4];
+      for (int i = 0; i < 16; ++i) v[i] = x[i] + x[i + 16];
+      for (int i = 0; i < 8; ++i) t[i] = v[i + 8] + v[i];
+      for (int i = 0; i < 4; ++i) u[i] = t[i + 4] + t[i];
+      sums[r * groups + g] = (u[0] + u[2]) + (u[1] + u[3]);
+    }
+}
+
+// One 64-byte line of a block, half h (outputs 8h .. 8h + 7): the weights of its input I, widened.
+template <Kind K, int I>
+inline V8 weight(const char* line, int h) {
+  if constexpr (K == Kind::bf16) {
+    V8 even, odd;
+    widen_pairs(reinterpret_cast<const uint16_t*>(line + 32 * h), even, odd);
+    return I == 0 ? even : odd;
+  } else if constexpr (K == Kind::f32) {
+    return load(reinterpret_cast<const float*>(line + 32 * h));
+  } else {
+    return widen_int8(reinterpret_cast<const int8_t*>(line + 16 * I + 8 * h));
+  }
+}
+template <Kind K> constexpr int inputs_per_line() { return K == Kind::bf16 ? 2 : K == Kind::f32 ? 1 : 4; }
+
+// Input i (the line's I-th) of R rows into their chains for C blocks: each row's input broadcast once.
+template <Kind K, int I, int R, int C>
+inline void multiply_input(const float* X, int64_t ldx, int64_t i, const char* const* lines, V8 (&acc)[R][C][2]) {
+  V8 w[C][2];
+  for (int c = 0; c < C; ++c) w[c][0] = weight<K, I>(lines[c], 0), w[c][1] = weight<K, I>(lines[c], 1);
+  for (int r = 0; r < R; ++r) {
+    const V8 x = broadcast(X[r * ldx + i]);
+    for (int c = 0; c < C; ++c) acc[r][c][0] = fma(x, w[c][0], acc[r][c][0]), acc[r][c][1] = fma(x, w[c][1], acc[r][c][1]);
+  }
+}
+
+// R rows x C blocks (bfloat16, float32 or int8 weights): every output's chain over all kp inputs, in order. The
+// chains live in a local array (registers), written out once: through `out` the compiler would store them after
+// every step, since X's floats may alias them.
+template <Kind K, int R, int C>
+void dot(const float* X, int64_t ldx, int64_t kp, const char* const* blocks, bool ahead, V8 (&out)[R][C][2]) {
+  constexpr int IN = inputs_per_line<K>();
+  V8 acc[R][C][2];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = zero();
+  for (int64_t i = 0; i < kp; i += IN) {
+    const char* lines[C];
+    for (int c = 0; c < C; ++c) {
+      lines[c] = blocks[c] + i / IN * 64;
+      if (ahead) prefetch(lines[c] + PREFETCH_BYTES);
+    }
+    multiply_input<K, 0>(X, ldx, i, lines, acc);
+    if constexpr (IN > 1) multiply_input<K, 1>(X, ldx, i + 1, lines, acc);
+    if constexpr (IN > 2) multiply_input<K, 2>(X, ldx, i + 2, lines, acc);
+    if constexpr (IN > 3) multiply_input<K, 3>(X, ldx, i + 3, lines, acc);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c][0] = acc[r][c][0], out[r][c][1] = acc[r][c][1];
+}
+
+// int4, code T of a run (input i + T) into the R x C group chains of half H.
+template <int T, int H, int R, int C>
+inline void multiply_code(const float* X, int64_t ldx, int64_t i, const Codes (&codes)[C], V8 (&part)[R][C][2]) {
+  V8 x[R];
+  for (int r = 0; r < R; ++r) x[r] = broadcast(X[r * ldx + i + T]);
+  for (int c = 0; c < C; ++c) {
+    const V8 w = code<T>(codes[c]);
+    for (int r = 0; r < R; ++r) part[r][c][H] = fma(x[r], w, part[r][c][H]);
+  }
+}
+
+// One run of codes (inputs i = 8 run .. 8 run + 7 of the group, half H of the outputs), each pair odd input first. H
+// is a template argument so that the chains stay in registers (indexed at run time, they lived on the stack).
+template <int H, int R, int C>
+inline void multiply_run(const float* X, int64_t ldx, int64_t i, const uint8_t* const* records, int run,
+                         V8 (&part)[R][C][2]) {
+  Codes codes[C];
+  for (int c = 0; c < C; ++c) codes[c] = load_codes(records[c] + 64 + 32 * (2 * run + H));
+  multiply_code<1, H>(X, ldx, i, codes, part), multiply_code<0, H>(X, ldx, i, codes, part);
+  multiply_code<3, H>(X, ldx, i, codes, part), multiply_code<2, H>(X, ldx, i, codes, part);
+  multiply_code<5, H>(X, ldx, i, codes, part), multiply_code<4, H>(X, ldx, i, codes, part);
+  multiply_code<7, H>(X, ldx, i, codes, part), multiply_code<6, H>(X, ldx, i, codes, part);
+}
+
+// The same for one block whose codes were widened once (`widen_block`): input i + T, both halves.
+template <int T, int R>
+inline void multiply_wide(const float* X, int64_t ldx, int64_t i, const float* wide, V8 (&part)[R][1][2]) {
+  const V8 w0 = load(wide + (i + T) * BLOCK), w1 = load(wide + (i + T) * BLOCK + 8);
+  for (int r = 0; r < R; ++r) {
+    const V8 x = broadcast(X[r * ldx + i + T]);
+    part[r][0][0] = fma(x, w0, part[r][0][0]), part[r][0][1] = fma(x, w1, part[r][0][1]);
+  }
+}
+
+// R rows x C blocks of int4 records into acc[r][c][16] (floats: adds group after group). WIDE: one block, its codes
+// read from `wide` (its d and m still from the records).
+template <int R, int C, bool WIDE = false>
+void dot_int4(const float* X, int64_t ldx, int64_t groups, const float* sums, const char* const* blocks, bool ahead,
+              float (&acc)[R][C][16], const float* wide = nullptr) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) std::fill(acc[r][c], acc[r][c] + 16, 0.0f);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* records[C];
+    for (int c = 0; c < C; ++c) {
+      records[c] = reinterpret_cast<const uint8_t*>(blocks[c]) + g * INT4_RECORD;
+      if (ahead)
+        for (int l = 0; l < INT4_RECORD; l += 64) prefetch(records[c] + 4 * INT4_RECORD + l);
+    }
+    V8 part[R][C][2];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) part[r][c][0] = part[r][c][1] = zero();
+    for (int run = 0; run < 4; ++run) {  // inputs 8 run .. 8 run + 7
+      const int64_t i = g * GROUP + 8 * run;
+      if constexpr (WIDE) {
+        multiply_wide<1>(X, ldx, i, wide, part), multiply_wide<0>(X, ldx, i, wide, part);
+        multiply_wide<3>(X, ldx, i, wide, part), multiply_wide<2>(X, ldx, i, wide, part);
+        multiply_wide<5>(X, ldx, i, wide, part), multiply_wide<4>(X, ldx, i, wide, part);
+        multiply_wide<7>(X, ldx, i, wide, part), multiply_wide<6>(X, ldx, i, wide, part);
+      } else {
+        multiply_run<0>(X, ldx, i, records, run, part), multiply_run<1>(X, ldx, i, records, run, part);
+      }
+    }
+    for (int c = 0; c < C; ++c)
+      for (int h = 0; h < 2; ++h) {
+        const uint16_t* half = reinterpret_cast<const uint16_t*>(records[c]) + 8 * h;
+        const V8 d = widen_half(half), mins = widen_half(half + 16);
+        for (int r = 0; r < R; ++r) {
+          V8 a = fma(d, part[r][c][h], load(acc[r][c] + 8 * h));
+          store(acc[r][c] + 8 * h, fma(mins, broadcast(sums[r * groups + g]), a));
+        }
+      }
+  }
+}
+
+// Rounds (and scales) R rows x C blocks of sums into out's columns from col0.
+template <int R, int C>
+void store_rows(const Problem& p, int64_t row0, int64_t col0, float (&acc)[R][C][16]) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const int64_t col = col0 + 16 * c, cols = std::min<int64_t>(16, p.n - col);
+      for (int64_t o = 0; o < cols; ++o) {
+        const float v = p.kind == Kind::int8 ? acc[r][c][o] * p.scale[col + o] : acc[r][c][o];
+        if (p.kind == Kind::f32) static_cast<float*>(p.out)[(row0 + r) * p.n + col + o] = v;
+        else static_cast<uint16_t*>(p.out)[(row0 + r) * p.n + col + o] = round_bf16(v);
+      }
+    }
+}
+
+template <int R, int C>
+void run(const Problem& p, int64_t row0, int64_t block) {
+  const char* blocks[C];
+  const int64_t bytes = block_bytes(p.kind, p.kp);
+  for (int c = 0; c < C; ++c) blocks[c] = static_cast<const char*>(p.w) + (block + c) * bytes;
+  const float* X = p.x + row0 * p.ldx;
+  const bool ahead = row0 == 0;  // later passes over the rows find the weights in cache
+  float out[R][C][16];
+  if (p.kind == Kind::int4) {
+    dot_int4<R, C>(X, p.ldx, p.kp / GROUP, p.sums + row0 * (p.kp / GROUP), blocks, ahead, out);
+  } else {
+    V8 acc[R][C][2];
+    if (p.kind == Kind::bf16) dot<Kind::bf16, R, C>(X, p.ldx, p.kp, blocks, ahead, acc);
+    else if (p.kind == Kind::f32) dot<Kind::f32, R, C>(X, p.ldx, p.kp, blocks, ahead, acc);
+    else dot<Kind::int8, R, C>(X, p.ldx, p.kp, blocks, ahead, acc);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) store(out[r][c], acc[r][c][0]), store(out[r][c] + 8, acc[r][c][1]);
+  }
+  store_rows<R, C>(p, row0, block * BLOCK, out);
+}
+
+// `rows` rows from row0 times `count` blocks from `block`: one or two rows take two blocks at once (one row's 4 chains
+// of one block wait on the fused multiply-add's latency), more rows one (their chains fill the registers). On the
+// 2-core EPYC (Zen 1), 576 x 576 at one row from L2, a core: 4 blocks at once were 15-30% slower than 2 (spills).
+template <int R>
+void run_blocks(const Problem& p, int64_t row0, int64_t block, int64_t count) {
+  for (int64_t b = block; b < block + count;) {
+    if (R <= 2 && block + count - b >= 2) run<R, 2>(p, row0, b), b += 2;
+    else run<R, 1>(p, row0, b), b += 1;
+  }
+}
+
+// An int8 or int4 block's weights as float32 [kp][16] (the float32 layout), exactly: for calls of more than one pass
+// over the rows, which then read it (from L2) instead of widening the codes again on every pass.
+template <int T>
+inline void widen_code(const Codes& codes, float* wide) { store(wide + T * BLOCK, code<T>(codes)); }
+inline void widen_block(const Problem& p, int64_t block, float* wide) {
+  const char* w = static_cast<const char*>(p.w) + block * block_bytes(p.kind, p.kp);
+  if (p.kind == Kind::int8) {
+    for (int64_t e = 0; e < p.kp * BLOCK; e += 8) store(wide + e, widen_int8(reinterpret_cast<const int8_t*>(w) + e));
+    return;
+  }
+  for (int64_t g = 0; g < p.kp / GROUP; ++g)
+    for (int run = 0; run < 4; ++run)
+      for (int h = 0; h < 2; ++h) {
+        const Codes codes = load_codes(reinterpret_cast<const uint8_t*>(w) + g * INT4_RECORD + 64 + 32 * (2 * run + h));
+        float* into = wide + (g * GROUP + 8 * run) * BLOCK + 8 * h;
+        widen_code<0>(codes, into), widen_code<1>(codes, into), widen_code<2>(codes, into);
+        widen_code<3>(codes, into), widen_code<4>(codes, into), widen_code<5>(codes, into);
+        widen_code<6>(codes, into), widen_code<7>(codes, into);
+      }
+}
+
+// R rows from row0 times one block of int8 or int4 weights, widened in `wide`: the same chains.
+template <int R>
+void run_wide(const Problem& p, int64_t row0, int64_t block, const float* wide) {
+  const float* X = p.x + row0 * p.ldx;
+  float out[R][1][16];
+  if (p.kind == Kind::int4) {
+    const char* blocks[1] = {static_cast<const char*>(p.w) + block * block_bytes(p.kind, p.kp)};
+    dot_int4<R, 1, true>(X, p.ldx, p.kp / GROUP, p.sums + row0 * (p.kp / GROUP), blocks, false, out, wide);
+  } else {
+    const char* blocks[1] = {reinterpret_cast<const char*>(wide)};
+    V8 acc[R][1][2];
+    dot<Kind::f32, R, 1>(X, p.ldx, p.kp, blocks, false, acc);
+    for (int r = 0; r < R; ++r) store(out[r][0], acc[r][0][0]), store(out[r][0] + 8, acc[r][0][1]);
+  }
+  store_rows<R, 1>(p, row0, block * BLOCK, out);
+}
+
+inline void linear_blocks_wide(const Problem& p, int64_t b0, int64_t b1) {
+  std::vector<float> wide(p.kp * BLOCK);
+  for (int64_t block = b0; block < b1; ++block) {
+    widen_block(p, block, wide.data());
+    for (int64_t row0 = 0; row0 < p.m; row0 += MAX_ROWS) {
+      switch (std::min<int64_t>(MAX_ROWS, p.m - row0)) {
+        case 4: run_wide<4>(p, row0, block, wide.data()); break;
+        case 3: run_wide<3>(p, row0, block, wide.data()); break;
+        case 2: run_wide<2>(p, row0, block, wide.data()); break;
+        default: run_wide<1>(p, row0, block, wide.data()); break;
+      }
+    }
+  }
+}
+
+// Blocks [b0, b1) of the outputs, every row: what one thread does (threads split the outputs, never the inputs).
+inline void linear_blocks(const Problem& p, int64_t b0, int64_t b1) {
+  if (p.m > MAX_ROWS && (p.kind == Kind::int8 || p.kind == Kind::int4)) return linear_blocks_wide(p, b0, b1);
+  for (int64_t block = b0; block < b1; block += GROUP_BLOCKS) {
+    const int64_t count = std::min<int64_t>(GROUP_BLOCKS, b1 - block);
+    for (int64_t row0 = 0; row0 < p.m; row0 += MAX_ROWS) {
+      switch (std::min<int64_t>(MAX_ROWS, p.m - row0)) {
+        case 4: run_blocks<4>(p, row0, block, count); break;
+        case 3: run_blocks<3>(p, row0, block, count); break;
+        case 2: run_blocks<2>(p, row0, block, count); break;
+        default: run_blocks<1>(p, row0, block, count); break;
+      }
+    }
+  }
+}
+
+// Every block: split evenly over OpenMP's threads where the build has them, else on this thread.
+inline void linear(const Problem& p) {
+  const int64_t blocks = block_count(p.n);
+#ifdef _OPENMP
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    linear_blocks(p, blocks * t / threads, blocks * (t + 1) / threads);
+  }
+#else
+  linear_blocks(p, 0, blocks);
+#endif
+}
+
+}  // namespace stepwise_portable
