@@ -28,7 +28,8 @@ from .errors import AnswerErrorsRoute, APIError, install_error_handlers
 from .events import chunk_events, merged
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
-from .responses import ClosingStream, choice, ended_early, joined, logprobs_object, usage
+from .responses import (ClosingStream, choice, ended_early, joined, logprobs_object, prediction_details, usage,
+                        with_details)
 from .drain import Drain
 
 
@@ -120,7 +121,8 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
                                                                                       last.finish_reason, index=i,
                                                                                       logprobs=joined(echo_lp, lp)))
         tokens = sum(len(c.token_ids) for chunks in per_sample for c in chunks)
-        return JSONResponse(head | {"choices": choices, "usage": usage(len(ids), tokens)}, headers=headers)
+        return JSONResponse(head | {"choices": choices, "usage": usage(len(ids), tokens, prediction_details(streams))},
+                            headers=headers)
 
     def prompt_logprobs_of(stream: RequestStream, ids: list[int]) -> dict | None:
         seq = getattr(stream, "seq", None)
@@ -153,7 +155,7 @@ def create_app(llm, model_name: str = "smollm2-135m", *, api_key: str | None = N
         """The response body of a streaming request: `chunk_events` (events.py) over the annotated chunks."""
         async with aclosing(annotated(streams, chat, echo, ids)) as chunks:  # closed: its readers stop
             async for event in chunk_events(chunks, head, chat, include_usage, len(ids)):
-                yield event
+                yield with_details(event, prediction_details(streams)) if include_usage else event
 
     async def collect(request: Request, streams: list[RequestStream]):
         """A non-streaming request's chunks, per sample; None if its client disconnected first (it is aborted)."""
