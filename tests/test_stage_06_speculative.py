@@ -322,3 +322,35 @@ def test_the_draft_model_keeps_the_tokens_and_drafts_the_int4_models_own_greedy_
     same_outputs(llm.generate(prompts, params), expected)
     assert sum(checked_drafts) > 20 and llm.spec_stats.accepted > 0 and checked.rejections > 0
     assert llm.stats.preemptions > 0
+
+
+def test_the_shared_command_line_and_the_ladder_run_stage_06_with_speculation_on(reference):
+    from stages.cli import STAGE_NAMES, make_llm, parser
+    args = parser("stage 06").parse_args(["--model", "tiny", "--max-num-seqs", "2", "--block-size", "4"])
+    llm = make_llm("stages.06_speculative", args)
+    assert STAGE_NAMES["stages.06_speculative"] == "06 speculative"
+    assert llm.speculative_config == spec.SpeculativeConfig.parse(spec.LLM.default_speculative_config)
+    prompts, params = [[5, 6, 7, 5, 6, 7, 5, 6]], [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)]
+    same_outputs(llm.generate(prompts, params), reference.generate(prompts, params))
+    assert llm.stats.drafted_tokens > 0
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("config", [{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2},
+                                    {"method": "draft_model", "num_speculative_tokens": 3}],
+                         ids=["ngram", "int4 draft"])
+def test_on_smollm2_every_proposer_keeps_the_references_tokens(config):
+    """SmolLM2-135M in bfloat16: an edit with its original as prediction, an extraction (n-gram), a seeded chat
+    answer; the int4 draft model drafts for bfloat16. Drafts are kept, and every token is the reference's."""
+    ours = importlib.import_module("stages.06_speculative.workloads")
+    ref = ReferenceLLM("smollm2-135m", dtype="bfloat16")
+    tok, text = ref.tokenizer, ours.TEXTS[0]
+    prompts = [ours.request(tok, ours.EDITS[3], text), ours.request(tok, ours.EXTRACTS[0], ours.TEXTS[1]),
+               tok.encode_chat([{"role": "user", "content": "Why is the sky blue?"}])]
+    params = [SamplingParams(temperature=0, max_tokens=40, prediction=text),
+              SamplingParams(temperature=0, max_tokens=40),
+              SamplingParams(temperature=0.7, top_p=0.9, seed=1, max_tokens=24)]
+    expected = ref.generate(prompts, params)
+    llm = spec.LLM("smollm2-135m", dtype="bfloat16", max_num_seqs=3, speculative_config=config)
+    same_outputs(llm.generate(prompts, params), expected)
+    assert llm.spec_stats.accepted > 10 and llm.spec_stats.mean_tokens_per_step > 1.2

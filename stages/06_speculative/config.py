@@ -19,6 +19,8 @@ METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16
 KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization"}
 NGRAM_DEFAULT = 5  # vLLM's prompt_lookup_min and _max when neither is given
+# What the stage's command lines and the ladder run when told nothing: prompt lookup of 2 to 5 tokens, 4 drafts.
+STAGE_DEFAULT = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,10 @@ class DraftModelProposer:
             self.drop(seq_id)
         return bm.can_append(state, n)
 
+    def release(self) -> None:
+        for seq_id in list(self.states):
+            self.drop(seq_id)
+
     def drop(self, seq_id: int) -> None:
         _, state = self.states.pop(seq_id)
         self.block_manager.free_sequence(state)

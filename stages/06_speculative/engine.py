@@ -14,7 +14,7 @@ from common.paths import DEFAULT_MODEL
 from common.prepare import resolve_model
 from stages import streaming
 
-from .config import SpeculativeConfig
+from .config import STAGE_DEFAULT, SpeculativeConfig
 from .draft_model import DraftModelProposer
 from .proposers import NgramProposer, PredictionProposer
 from .scheduler import Scheduler
@@ -24,9 +24,18 @@ from .spec_stats import SpecStats
 class LLMEngine(streaming.engine.LLMEngine):
     scheduler_class = Scheduler
 
+    def release(self) -> None:
+        """Drop every request, and what the proposers hold for them (the draft model's KV blocks)."""
+        super().release()
+        for proposer in (self.scheduler.proposer, self.scheduler.predictions):
+            if proposer is not None:
+                proposer.release()
+
 
 class LLM(streaming.LLM):
     engine_class = LLMEngine
+    # What the shared command line and the ladder run stage 06 with (stages/cli.py's make_llm): prompt lookup.
+    default_speculative_config = STAGE_DEFAULT
 
     def __init__(self, model: str = DEFAULT_MODEL, *, speculative_config: dict | str | None = None, **kwargs):
         self.speculative_config = SpeculativeConfig.parse(speculative_config)  # before the model loads

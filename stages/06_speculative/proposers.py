@@ -42,6 +42,9 @@ class NgramProposer:
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         return [ngram_lookup(seq.token_ids, self.min_n, self.max_n, k) for seq, k in zip(seqs, ks)]
 
+    def release(self) -> None:
+        pass  # it keeps nothing between steps
+
 
 class PredictionProposer:
     """Drafts from a request's predicted output: after the tokens that followed the prediction, its next ones.
@@ -80,5 +83,5 @@ class PredictionProposer:
                 return next((e for e in ends if e >= floor), ends[0])
         return None
 
-    def forget(self, seq: Sequence) -> None:
-        self.state.pop(seq.seq_id, None)
+    def release(self) -> None:
+        self.state.clear()
