@@ -65,8 +65,10 @@ class LLM(streaming.LLM):
         """The line the stage prints first: what runs, and on which path (the figures depend on it)."""
         spec = self.speculative_config.describe() if self.speculative_config else "off"
         weights = f" ({self.quantization} weights)" if self.quantization else ""
+        proposer = self.engine.scheduler.proposer
+        draft = f"; the draft's {proposer.model.row_tile_note}" if isinstance(proposer, DraftModelProposer) else ""
         return (f"stage 06 on {self.execution_path}, {self.dtype}{weights}; speculation: {spec}; "
-                f"{self.model.row_tile_note}")
+                f"{self.model.row_tile_note}{draft}")
 
     def generate(self, *args, **kwargs):
         self.spec_stats.reset()
