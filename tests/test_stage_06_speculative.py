@@ -166,19 +166,24 @@ def test_speculation_drafts_accepts_and_rejects_on_a_repetitive_workload(referen
 
 
 def test_stops_inside_a_draft_end_the_request_where_one_token_at_a_time_would(reference):
-    """The prediction is the reference's free-running answer, so whole drafts are right; a stop string, EOS (a
-    stop id) or max_tokens inside one cuts the kept run at that token."""
+    """The prediction is the reference's free-running answer, so whole drafts are right; a stop string, a stop id
+    or max_tokens inside one cuts the kept run at that token. And EOS sampled where a draft goes on (the
+    prediction continues past the answer's end) ends the request there."""
     prompt = [5, 6, 7, 8]
     free = reference.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
-    text, ids = free.text, free.token_ids
+    ids = free.token_ids
     late = next(i for i, t in enumerate(ids) if i >= 4 and t not in ids[:i])  # a token first sampled late
     word = reference.tokenizer.decode([ids[late]])
     assert word.strip() and word not in reference.tokenizer.decode(ids[:late])
-    cases = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[word]),
-             SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[ids[late]]),
-             SamplingParams(temperature=0, max_tokens=11, ignore_eos=True)]
-    for params in cases:
-        params.prediction = text
+    cases = [(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[word]), free.text),
+             (prompt, SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[ids[late]]), free.text),
+             (prompt, SamplingParams(temperature=0, max_tokens=11, ignore_eos=True), free.text)]
+    eos = SamplingParams(temperature=1.0, seed=1146, max_tokens=40)  # EOS at token 6 (found by search)
+    ended = reference.generate([[40, 41, 42]], eos)[0]
+    assert ended.token_ids[-1] == reference.config.eos_token_id and ended.finish_reason == "stop"
+    cases.append(([40, 41, 42], eos, ended.text + " and then some more words"))
+    for prompt, params, prediction in cases:
+        params.prediction = prediction
         expected = reference.generate([prompt], params)
         llm, checked = spec_llm({"method": "ngram", "num_speculative_tokens": 6})
         steps = llm.add_observer(Recorder())
