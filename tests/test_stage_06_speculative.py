@@ -208,6 +208,8 @@ def test_stops_inside_a_draft_end_the_request_where_one_token_at_a_time_would(re
     ({"method": "ngram", "num_speculative_tokens": 2, "quantization": "int4"}, "speculative_config.quantization"),
     ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1},
      "speculative_config.draft_tensor_parallel_size"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0},
+     "speculative_config.disable_by_batch_size"),
     ("{not json", "speculative_config"), (["ngram"], "speculative_config"),
 ])
 def test_a_bad_speculative_config_is_refused_naming_the_key(config, key):
@@ -359,3 +361,17 @@ def test_on_smollm2_every_proposer_keeps_the_references_tokens(config):
     llm = spec.LLM("smollm2-135m", dtype="bfloat16", max_num_seqs=3, speculative_config=config)
     same_outputs(llm.generate(prompts, params), expected)
     assert llm.spec_stats.accepted > 10 and llm.spec_stats.mean_tokens_per_step > 1.2
+
+
+def test_disable_by_batch_size_drafts_only_while_few_requests_run(reference):
+    """vLLM's disable_by_batch_size: while more requests than that run, no step drafts (the crossover, as a knob)."""
+    prompts = [[5, 6, 7, 8] * 3, [9, 10] * 6, [11, 12, 13] * 4]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (30, 12, 8)]
+    llm, checked = spec_llm({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                             "disable_by_batch_size": 1})
+    events = llm.add_observer(type("Events", (list,), {"on_step": lambda self, e: self.append(e)})())
+    same_outputs(llm.generate(prompts, params), reference.generate(prompts, params))
+    drafting = [e for e in events if any(s.drafted for s in e.seqs)]
+    assert drafting and llm.spec_stats.drafted > 0
+    assert all(e.state.num_in_step - len(e.admitted) <= 1 for e in drafting)  # running before the step: one
+    assert any(e.state.num_in_step > 1 for e in events)

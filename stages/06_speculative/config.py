@@ -17,7 +17,8 @@ from common.validate import InvalidParam, check_int, clip
 METHODS = ("ngram", "draft_model")
 # Past 16 drafts the later positions are almost never accepted, while every one of them is a row to verify.
 MAX_SPECULATIVE_TOKENS = 16
-KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization"}
+KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization",
+        "disable_by_batch_size"}
 NGRAM_DEFAULT = 5  # vLLM's prompt_lookup_min and _max when neither is given
 # What the stage's command lines and the ladder run when told nothing: prompt lookup of 2 to 5 tokens, 4 drafts.
 STAGE_DEFAULT = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
@@ -31,6 +32,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None  # ngram: the longest (the longest that matches wins)
     model: str | None = None  # draft_model: its checkpoint (default: the target's own folder)
     quantization: str | None = None  # draft_model: its weights ("int4" by default: the same model, 4 bits)
+    # vLLM's key: no drafts while more requests than this run (batching fills the step: speculation stops paying)
+    disable_by_batch_size: int | None = None
 
     @classmethod
     def parse(cls, value) -> SpeculativeConfig | None:
@@ -84,7 +87,10 @@ class SpeculativeConfig:
         if method == "draft_model" and quantization not in (None, "int8", "int4"):
             raise InvalidParam("speculative_config.quantization", f"speculative_config.quantization="
                                f"{clip(quantization)} is invalid: use 'int4', 'int8' or None (the model's dtype)")
-        return cls(method, k, lo, hi, value.get("model"), quantization)
+        off = value.get("disable_by_batch_size")
+        if off is not None:
+            check_int("speculative_config.disable_by_batch_size", off, 1)
+        return cls(method, k, lo, hi, value.get("model"), quantization, off)
 
     def check_budget(self, max_num_batched_tokens: int) -> None:
         """A sequence's drafts are fed whole in one step, with its own token: k + 1 must fit a step."""
@@ -95,7 +101,8 @@ class SpeculativeConfig:
                                f"max_num_batched_tokens={max_num_batched_tokens}")
 
     def describe(self) -> str:
-        k = self.num_speculative_tokens
+        k, off = self.num_speculative_tokens, self.disable_by_batch_size
+        until = f", off above {off} running" if off else ""
         if self.method == "ngram":
-            return f"ngram (k={k}, prompt_lookup_min={self.prompt_lookup_min}, max={self.prompt_lookup_max})"
-        return f"draft_model (k={k}, {self.model or 'the same model'}, {self.quantization or 'unquantized'})"
+            return f"ngram (k={k}, prompt_lookup_min={self.prompt_lookup_min}, max={self.prompt_lookup_max}{until})"
+        return f"draft_model (k={k}, {self.model or 'the same model'}, {self.quantization or 'unquantized'}{until})"

@@ -44,6 +44,7 @@ class LLM(streaming.LLM):
         if config is not None:
             config.check_budget(self.engine.max_num_batched_tokens)
             scheduler.num_speculative_tokens = config.num_speculative_tokens
+            scheduler.disable_by_batch_size = config.disable_by_batch_size
             scheduler.proposer = self.make_proposer(config)
             scheduler.predictions = PredictionProposer(self.tokenizer)
         self.spec_stats = self.add_observer(SpecStats(scheduler))

@@ -19,13 +19,14 @@ class Scheduler(streaming.engine.Scheduler):
     proposer = None  # the method's proposer (set by the engine; None: speculation off)
     predictions = None  # `PredictionProposer`, for requests that carry a predicted output
     num_speculative_tokens = 0
+    disable_by_batch_size = None  # no drafts while more requests than this run
     propose_seconds = 0.0  # time the last step spent proposing (the proposer's share of the step)
 
     def schedule(self) -> tuple[list[Sequence], list[int]]:
         start = time.perf_counter()
         for seq in self.running:
             seq.spec_token_ids = []
-        if self.proposer is not None:
+        if self.proposer is not None and len(self.running) <= (self.disable_by_batch_size or len(self.running)):
             self.propose_drafts()
         self.propose_seconds = time.perf_counter() - start
         return super().schedule()
