@@ -46,6 +46,9 @@ class SamplingParams:
     # temperature), so a sampled token's figure does not move with the sampling settings.
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # the same for every prompt token (none shared from the prefix cache)
+    # OpenAI's predicted outputs: text the output is expected to repeat (a file before a small edit). Stage 06
+    # drafts from it (speculative decoding); it never changes the tokens, and the other stages ignore it.
+    prediction: str | None = None
 
     def __post_init__(self):
         if self.stop is None or isinstance(self.stop, str):
@@ -124,6 +127,10 @@ class SamplingParams:
         if self.bad_words is not None and (not isinstance(self.bad_words, list) or not all(
                 isinstance(w, str) and w.strip() for w in self.bad_words)):
             bad("bad_words", "must be a list of words (non-empty strings)")
+        if self.prediction is not None:
+            if not isinstance(self.prediction, str):
+                bad("prediction", "must be a string: the text the output is expected to repeat")
+            check_text("prediction", self.prediction, prefix="SamplingParams.")
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
             if not isinstance(ids, list) or not ids or not all(token_id(t) for t in ids):

@@ -111,6 +111,8 @@ class Sequence:
         self.processors: list = list(processors or [])
         # Draft tokens to feed after its own at the next step (speculative decoding); cleared by `advance`.
         self.spec_token_ids: list[int] = []
+        self.num_drafted_tokens = 0  # draft tokens verified for it, over its life (OpenAI's prediction counts)
+        self.num_accepted_tokens = 0  # of them, kept
 
     @property
     def num_new_tokens(self) -> int:

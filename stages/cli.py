@@ -17,7 +17,7 @@ from stages.xray import cli as xray
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
                "stages.03_paged_kv": "03 paged", "stages.04_kernels": "04 kernels",
-               "stages.05_streaming": "05 streaming"}
+               "stages.05_streaming": "05 streaming", "stages.06_speculative": "06 speculative"}
 
 
 def device_arg(text: str) -> str:
@@ -82,6 +82,8 @@ def make_llm(module: str, args: argparse.Namespace):
         if budget < per_slot:
             raise SystemExit(f"--kv-memory {args.kv_memory} holds no {max_len}-token slot for {module}")
         kw["max_num_seqs"] = min(args.max_num_seqs, budget // per_slot)
+    if getattr(cls, "default_speculative_config", None):  # stage 06: speculation on, the command line's or its own
+        kw["speculative_config"] = getattr(args, "speculative_config", None) or cls.default_speculative_config
     return cls(args.model, **kw)
 
 

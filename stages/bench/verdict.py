@@ -1,7 +1,7 @@
 """Does the ladder climb? Each stage's throughput against its predecessor's, and a picture of the run."""
 from __future__ import annotations
 
-STAGE_ORDER = ["01 static", "02 continuous", "03 paged", "04 kernels", "05 streaming"]
+STAGE_ORDER = ["01 static", "02 continuous", "03 paged", "04 kernels", "05 streaming", "06 speculative"]
 
 
 def climb(rows: dict[str, dict]) -> list[tuple[str, str, float]]:

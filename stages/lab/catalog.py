@@ -31,7 +31,7 @@ class Lab:
 
 
 S01, S02, S03 = "stages/01_static_batch", "stages/02_continuous_batch", "stages/03_paged_kv"
-S04, S05 = "stages/04_kernels", "stages/05_streaming"
+S04, S05, S06 = "stages/04_kernels", "stages/05_streaming", "stages/06_speculative"
 
 LABS = {lab.number: lab for lab in [
     Lab("01", "01_static_batch", f"{S01}/README.md#what-the-code-does", (
@@ -216,5 +216,53 @@ LABS = {lab.number: lab for lab in [
               "    yield f\"data: {json.dumps(internal_error(e).body())}\\n\"\n"
               "yield \"data: [DONE]\\n\\n\"\n",),
              "ends each chunk event with one newline, not the blank line that ends a server-sent event"),
+    )),
+    Lab("06", "06_speculative", f"{S06}/README.md#what-the-code-does", (
+        Task("06.1", "prompt lookup (n-gram) drafts", f"{S06}/proposers.py",
+             "ngram_lookup(tokens, min_n, max_n, k): the draft vLLM's ngram method proposes. Find the longest "
+             "suffix of tokens, from min_n to max_n tokens long, that also occurs earlier in tokens (an occurrence "
+             "that ends before the last token); of its occurrences take the first, and return up to k tokens that "
+             "followed it there. Return [] when no suffix of min_n tokens or more recurs.",
+             "Prompt lookup decoding: the output often repeats spans of the prompt (and of itself), so match its last "
+             "few tokens against the text so far and propose what followed the match as the draft (Saxena, 2023; "
+             "vLLM's ngram speculative method, paraphrased).",
+             "Try n from max_n down to min_n: the first n with a match is the longest. The draft may run into the "
+             "suffix itself: [1, 2, 3, 4, 2, 3] with n = 2 matches [2, 3] at 1 and proposes [4, 2, 3].",
+             ("arr = np.asarray(tokens, dtype=np.int64)\n"
+              "for n in range(min_n, min(max_n, len(arr) - 1) + 1):\n"
+              "    windows = sliding_window_view(arr[:-1], n)\n"
+              "    hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))\n"
+              "    if hits.size:\n"
+              "        start = int(hits[0]) + n\n"
+              "        return tokens[start:start + k]\n"
+              "return []\n",),
+             "tries the shortest n-gram first (vLLM takes the longest that matches)"),
+        Task("06.2", "cap the drafts", f"{S06}/scheduler.py",
+             "Scheduler.draft_caps: for each decoding request (num_new_tokens == 1), the most draft tokens it may "
+             "take this step. Walk self.running in the order stage 03 schedules them, with the step's token budget "
+             "(max_num_batched_tokens) and the free KV blocks: a request feeds its own tokens first (a prompt chunk, "
+             "self.chunk; stop where it gives 0), and a decoding request's drafts are at most "
+             "num_speculative_tokens, fit the budget left after its own token, leave room for the token after them "
+             "within max_tokens and max_model_len, and need no more blocks than are free (blocks_needed): a draft "
+             "never makes the scheduler preempt anyone. Each request's tokens and blocks come off what is left.",
+             "The drafts of a sequence are verified in one pass, so they must be scheduled whole; vLLM's scheduler "
+             "caps them by num_speculative_tokens, the token budget and max_model_len, and drops them rather than "
+             "preempt (vLLM's v1 scheduler, paraphrased).",
+             "A request with t tokens still to produce (max_tokens - len(output), or max_len - len(seq)) can keep at "
+             "most t, its own sampled token included: k <= t - 1. Shrink k until blocks_needed(seq, 1 + k) <= free.",
+             ("budget, free = self.max_num_batched_tokens, bm.num_free_blocks\n"
+              "for seq in self.running:\n"
+              "    own = self.chunk(seq, seq.num_new_tokens, budget)\n"
+              "    if own == 0:\n"
+              "        break\n"
+              "    k = 0\n"
+              "    if seq.num_new_tokens == 1:\n"
+              "        k = max(0, min(self.num_speculative_tokens, budget - 1))\n"
+              "        while k > 0 and bm.blocks_needed(seq, 1 + k) > free:\n"
+              "            k -= 1\n"
+              "        caps[seq.seq_id] = k\n"
+              "    free -= bm.blocks_needed(seq, own + k)\n"
+              "    budget -= own + k\n",),
+             "drafts past max_tokens (tokens the request can never keep)"),
     )),
 ]}

@@ -29,7 +29,7 @@ from .answers import collect, stream_events, whole_choice
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
 from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
-from .responses import ClosingStream, usage
+from .responses import ClosingStream, prediction_details, usage
 from .drain import Drain
 
 
@@ -167,4 +167,5 @@ async def respond(api: Api, request: Request, req, ids: list[int], chat: bool):
     choices = [whole_choice(api.engine.tokenizer, i, chunks, streams[i], chat, echo, ids)
                for i, chunks in enumerate(per_sample)]
     tokens = sum(len(c.token_ids) for chunks in per_sample for c in chunks)
-    return JSONResponse(head | {"choices": choices, "usage": usage(len(ids), tokens)}, headers=headers)
+    return JSONResponse(head | {"choices": choices, "usage": usage(len(ids), tokens, prediction_details(streams))},
+                        headers=headers)

@@ -23,7 +23,7 @@ MAX_DEPTH = 16  # the deepest valid body is 5 levels (messages -> message -> con
 # OpenAI fields that are not implemented, each with the values that mean "off" (those are accepted).
 UNSUPPORTED = {"best_of": (1,), "suffix": ("",),
                "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-               "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],), "prediction": (),
+               "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],),
                "reasoning_effort": (), "web_search_options": ()}
 MAX_N = 128  # OpenAI's limit on n: each sample is a sequence of its own in the engine
 PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
@@ -95,14 +95,30 @@ class ChatMessage(Strict):
     @field_validator("content")
     @classmethod
     def _content(cls, v):
-        if isinstance(v, str):
-            return v
-        if isinstance(v, list):
-            try:
-                return "\n".join(TextPart.model_validate(part).text for part in v)
-            except ValidationError:
-                pass
-        raise ValueError('must be a string or a list of {"type": "text", "text": ...} parts')
+        return text_content(v)
+
+
+def text_content(v) -> str:
+    """A message's (or a prediction's) content as text: a string, or OpenAI's list of text parts."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        try:
+            return "\n".join(TextPart.model_validate(part).text for part in v)
+        except ValidationError:
+            pass
+    raise ValueError('must be a string or a list of {"type": "text", "text": ...} parts')
+
+
+class Prediction(Strict):
+    """OpenAI's predicted outputs: text the answer is expected to repeat (stage 06 drafts from it)."""
+    type: Literal["content"]
+    content: Any
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v):
+        return text_content(v)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -110,6 +126,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    prediction: Prediction | None = None
 
 
 def parse_request(raw: bytes, model: type[Strict]) -> Strict:
@@ -152,6 +169,8 @@ def sampling_params(req: SamplingFields, chat: bool, prompt_len: int, max_model_
         kwargs["logprobs"] = req.logprobs
         if req.echo:  # a text's log-likelihood: every prompt token's log-probability, scored as vLLM does
             kwargs["prompt_logprobs"] = req.logprobs
+    if chat and req.prediction is not None:
+        kwargs["prediction"] = req.prediction.content
     if req.logit_bias is not None:  # JSON keys are strings: OpenAI's token ids in decimal
         if not all(k.isascii() and k.isdigit() and len(k) < 10 for k in req.logit_bias):
             raise APIError(400, "logit_bias: every key must be a token id written in decimal, like \"50256\"",

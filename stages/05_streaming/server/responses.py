@@ -65,9 +65,34 @@ def sse(data: dict) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, details: dict | None = None) -> dict:
+    """OpenAI's usage object; ``details``: its completion_tokens_details (predicted outputs' counts)."""
+    counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+              "total_tokens": prompt_tokens + completion_tokens}
+    return counts | ({"completion_tokens_details": details} if details is not None else {})
+
+
+def prediction_details(streams) -> dict | None:
+    """With a predicted output (chat's ``prediction``): OpenAI's accepted_prediction_tokens, the drafted tokens
+    taken from it that the answer kept, and rejected_prediction_tokens, the others (both summed over the n
+    samples). None without a prediction, or where the engine's sequences are out of reach (the cluster)."""
+    seqs = [getattr(stream, "seq", None) for stream in streams]
+    if not seqs or None in seqs or seqs[0].params.prediction is None:
+        return None
+    accepted = sum(seq.num_accepted_tokens for seq in seqs)
+    return {"accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": sum(seq.num_drafted_tokens for seq in seqs) - accepted}
+
+
+def with_details(event: str, details: dict | None) -> str:
+    """A streamed usage chunk (``choices: []``) with completion_tokens_details added; other events unchanged."""
+    if details is None or not event.startswith('data: {') or '"usage": {' not in event:
+        return event
+    data = json.loads(event[len("data: "):])
+    if data.get("choices") != [] or "usage" not in data:
+        return event
+    data["usage"]["completion_tokens_details"] = details
+    return sse(data)
 
 
 def ended_early(chunk) -> APIError:

@@ -1,0 +1,102 @@
+"""python -m stages.06_speculative [--workload edit,extract,chat] [--in-flight 1,8,64] [--speculative-config JSON]
+python -m stages.06_speculative serve [--speculative-config JSON] [--host H] [--port P] [--api-key K]
+
+The first: stage 05 and stage 06 on the same requests, side by side, at each in-flight limit: output tokens per
+second, the speedup, the acceptance rate (and by draft position), tokens per decoding step, the proposer's share of
+the step time, and where speculation stops paying. The edit workload sends each request's original text as its
+prediction (OpenAI's predicted outputs); the others draft with the configured method.
+serve: the OpenAI-compatible server of stage 05 over stage 06's engine; chat completions accept ``prediction``."""
+import argparse
+import importlib
+import json
+import os
+
+from rich.console import Console
+
+from common.paths import DEFAULT_MODEL
+from common.validate import InvalidParam
+from stages.cli import device_arg
+
+from .config import STAGE_DEFAULT, SpeculativeConfig
+from .workloads import WORKLOADS
+
+DEFAULT_CONFIG = json.dumps(STAGE_DEFAULT)
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers separated by commas, e.g. 1,8,64") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every in-flight limit must be >= 1")
+    return values
+
+
+def workload_list(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in WORKLOADS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown workload(s) {bad}: use {', '.join(WORKLOADS)}")
+    return names
+
+
+def speculative_config(text: str) -> dict:
+    try:
+        SpeculativeConfig.parse(text)
+    except InvalidParam as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", nargs="?", default="compare", choices=["compare", "serve"])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--quantization", default=None, choices=["int8", "int4"])
+    ap.add_argument("--device", default="auto", type=device_arg)
+    ap.add_argument("--speculative-config", type=speculative_config, default=DEFAULT_CONFIG,
+                    help=f"vLLM's keys as JSON (default {DEFAULT_CONFIG}); method 'draft_model' drafts with the "
+                         f"int4 copy of the model")
+    ap.add_argument("--workload", dest="workloads", type=workload_list, default=list(WORKLOADS),
+                    help="compare: edit (with predictions), extract (n-gram), chat (where drafts seldom match)")
+    ap.add_argument("--in-flight", type=int_list, default=[1, 8, 64], help="compare: max_num_seqs values")
+    ap.add_argument("--num-requests", type=int, default=8, help="compare: requests per run (at least the limit)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", type=int, default=16, help="serve: running requests")
+    ap.add_argument("--kv-memory", default=None, help="serve: KV budget ('256MiB', bytes, or a fraction)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--api-key", default=os.environ.get("STEPWISE_API_KEY"))
+    args = ap.parse_args(argv)
+    try:
+        run(args)
+    except InvalidParam as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def run(args: argparse.Namespace) -> None:
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: the comparison table is wider than rich's 80 columns
+        console = Console(width=150)
+    if args.command == "serve":
+        from .engine import LLM
+        serve = importlib.import_module("stages.05_streaming.server.shutdown").serve
+        llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
+                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
+                  speculative_config=args.speculative_config)
+        console.print(f"[bold]engine:[/] {llm.describe()}")
+        try:
+            serve(llm, args.host, args.port, args.served_model_name or args.model, api_key=args.api_key)
+        finally:
+            llm.shutdown()
+        return
+    from .measure import measure, report
+    report(measure(args, console), args, console)
+
+
+if __name__ == "__main__":
+    main()

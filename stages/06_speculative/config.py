@@ -1,0 +1,108 @@
+"""``speculative_config``: vLLM's keys, checked before the model loads, each error naming the key to fix.
+
+    LLM(..., speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                 "prompt_lookup_min": 2, "prompt_lookup_max": 5})
+    LLM(..., speculative_config={"method": "draft_model", "num_speculative_tokens": 4})  # int4 copy of the model
+
+A request's predicted output (``SamplingParams.prediction``, OpenAI's predicted outputs) is its own draft
+whichever method is set; without a ``speculative_config`` nothing is drafted at all (stage 05).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from common.validate import InvalidParam, check_int, clip
+
+METHODS = ("ngram", "draft_model")
+# Past 16 drafts the later positions are almost never accepted, while every one of them is a row to verify.
+MAX_SPECULATIVE_TOKENS = 16
+KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization",
+        "disable_by_batch_size"}
+NGRAM_DEFAULT = 5  # vLLM's prompt_lookup_min and _max when neither is given
+# What the stage's command lines and the ladder run when told nothing: prompt lookup of 2 to 5 tokens, 4 drafts.
+STAGE_DEFAULT = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int | None = None  # ngram: the shortest suffix of the text to look up
+    prompt_lookup_max: int | None = None  # ngram: the longest (the longest that matches wins)
+    model: str | None = None  # draft_model: its checkpoint (default: the target's own folder)
+    quantization: str | None = None  # draft_model: its weights ("int4" by default: the same model, 4 bits)
+    # vLLM's key: no drafts while more requests than this run (batching fills the step: speculation stops paying)
+    disable_by_batch_size: int | None = None
+
+    @classmethod
+    def parse(cls, value) -> SpeculativeConfig | None:
+        """None (speculation off), a dict of vLLM's keys, or the same as a JSON string (the command line's)."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise InvalidParam("speculative_config", f"speculative_config is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise InvalidParam("speculative_config", f"speculative_config={clip(value)} is invalid: give a dict "
+                                                     f"such as {{'method': 'ngram', 'num_speculative_tokens': 4}}")
+        unknown = sorted(str(k) for k in value if k not in KEYS)
+        if unknown:
+            raise InvalidParam(f"speculative_config.{unknown[0]}", f"speculative_config has unknown key(s) "
+                               f"{clip(unknown)}; known: {', '.join(sorted(KEYS))}")
+        method = value.get("method")
+        if method not in METHODS:
+            raise InvalidParam("speculative_config.method", f"speculative_config.method={clip(method)} is invalid: "
+                               f"use one of {', '.join(repr(m) for m in METHODS)}")
+        if "num_speculative_tokens" not in value:
+            raise InvalidParam("speculative_config.num_speculative_tokens",
+                               "speculative_config needs num_speculative_tokens: how many tokens to draft per step "
+                               f"(1 to {MAX_SPECULATIVE_TOKENS})")
+        k = value["num_speculative_tokens"]
+        check_int("speculative_config.num_speculative_tokens", k, 1, MAX_SPECULATIVE_TOKENS)
+        lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+        if method == "ngram":
+            if lo is None and hi is None:
+                lo = hi = NGRAM_DEFAULT
+            elif lo is None or hi is None:  # one given: both are it
+                lo = hi = hi if lo is None else lo
+            check_int("speculative_config.prompt_lookup_min", lo, 1)
+            check_int("speculative_config.prompt_lookup_max", hi, 1)
+            if lo > hi:
+                raise InvalidParam("speculative_config.prompt_lookup_min", f"speculative_config.prompt_lookup_min="
+                                   f"{lo} must be <= prompt_lookup_max={hi}")
+        else:
+            for key in ("prompt_lookup_min", "prompt_lookup_max"):
+                if value.get(key) is not None:
+                    raise InvalidParam(f"speculative_config.{key}", f"speculative_config.{key} applies to method "
+                                       f"'ngram' only, not {method!r}")
+        if method != "draft_model":
+            for key in ("model", "quantization"):
+                if value.get(key) is not None:
+                    raise InvalidParam(f"speculative_config.{key}", f"speculative_config.{key} applies to method "
+                                       f"'draft_model' only, not {method!r}")
+        quantization = value.get("quantization", "int4" if method == "draft_model" else None)
+        if method == "draft_model" and quantization not in (None, "int8", "int4"):
+            raise InvalidParam("speculative_config.quantization", f"speculative_config.quantization="
+                               f"{clip(quantization)} is invalid: use 'int4', 'int8' or None (the model's dtype)")
+        off = value.get("disable_by_batch_size")
+        if off is not None:
+            check_int("speculative_config.disable_by_batch_size", off, 1)
+        return cls(method, k, lo, hi, value.get("model"), quantization, off)
+
+    def check_budget(self, max_num_batched_tokens: int) -> None:
+        """A sequence's drafts are fed whole in one step, with its own token: k + 1 must fit a step."""
+        if self.num_speculative_tokens + 1 > max_num_batched_tokens:
+            raise InvalidParam("speculative_config.num_speculative_tokens",
+                               f"speculative_config.num_speculative_tokens={self.num_speculative_tokens} needs "
+                               f"steps of at least {self.num_speculative_tokens + 1} tokens, but "
+                               f"max_num_batched_tokens={max_num_batched_tokens}")
+
+    def describe(self) -> str:
+        k, off = self.num_speculative_tokens, self.disable_by_batch_size
+        until = f", off above {off} running" if off else ""
+        if self.method == "ngram":
+            return f"ngram (k={k}, prompt_lookup_min={self.prompt_lookup_min}, max={self.prompt_lookup_max}{until})"
+        return f"draft_model (k={k}, {self.model or 'the same model'}, {self.quantization or 'unquantized'}{until})"

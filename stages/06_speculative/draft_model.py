@@ -1,0 +1,123 @@
+"""The draft model: a smaller, cheaper copy of the model guesses the next k tokens, greedily (Leviathan et al. 2023).
+
+Here the copy is the same checkpoint with int4 weights (``speculative_config`` method ``draft_model``, quantization
+``int4``): a quarter of the bytes a bfloat16 step reads, and it agrees with the full model on most tokens. It keeps
+its OWN paged KV cache (a `BlockManager` and a cache of the engine's kind), one `DraftState` per request:
+
+1. catch up: the draft has not seen the tokens the target kept since it last drafted (or the prompt, at first),
+   so those are fed first, all requests in one batched pass, whose last rows give the first draft token;
+2. draft: k - 1 more batched passes of one token per request, each feeding the previous draft token;
+3. roll back: next time, what it fed is compared with the tokens the target kept; its KV past the first difference
+   (the rejected drafts) is given back (`BlockManager.truncate`), and catching up starts there.
+
+Drafting is greedy whatever the request samples: verification by exact match keeps exactly the target's tokens
+for any draft, so a draft only has to be likely, not distributed like the target.
+"""
+from __future__ import annotations
+
+import torch
+
+from common.model import Llama
+from common.sequence import Sequence
+from stages import paged_kv as paged
+
+
+class DraftState:
+    """What the draft model holds for one request: the tokens its KV cache holds, in order (the block manager
+    reads ``seq_id`` and ``num_cached_tokens``)."""
+
+    def __init__(self, seq_id: int):
+        self.seq_id, self.fed, self.spec_token_ids = seq_id, [], []
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return len(self.fed)
+
+    @num_cached_tokens.setter
+    def num_cached_tokens(self, n: int) -> None:
+        del self.fed[n:]
+
+
+class DraftModelProposer:
+    def __init__(self, model: Llama, cache_class: type, num_blocks: int, block_size: int, max_catch_up: int):
+        self.model, self.max_catch_up = model, max_catch_up  # prompt tokens it catches up on per step, at most
+        self.block_manager = paged.BlockManager(num_blocks, block_size)
+        self.cache = cache_class(model.config, num_blocks, block_size, model.dtype, model.device,
+                                 model.batch_invariant)
+        self.states: dict[int, tuple[Sequence, DraftState]] = {}
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        for seq_id in [i for i, (s, _) in self.states.items() if s.is_finished]:
+            self.drop(seq_id)
+        feeds, complete = self.catch_up(seqs)
+        want = {s.seq_id: k for s, k in zip(seqs, ks)}
+        drafts: dict[int, list[int]] = {i: [] for i in complete}
+        active = list(feeds)
+        while active:  # pass 1 catches up (and gives each first draft token), the next ones draft one token each
+            tokens = self.forward([self.states[i][1] for i in active], [feeds[i] for i in active])
+            for i, token in zip(active, tokens):
+                if i in complete:
+                    drafts[i].append(token)
+                    feeds[i] = [token]
+            active = [i for i in complete if len(drafts[i]) < want[i] and self.room(self.states[i][1], 1)]
+            complete = set(active)
+        return [drafts.get(s.seq_id, []) for s in seqs]
+
+    def catch_up(self, seqs: list[Sequence]) -> tuple[dict[int, list[int]], set[int]]:
+        """What each request's draft is fed first: the target's kept tokens past what the draft's cache holds of
+        them (its rejected drafts given back first), and the requests whose feed reaches their last token (they
+        draft now). A long catch-up (a new prompt) is fed ``max_catch_up`` tokens a step at most, in chunks."""
+        feeds, complete, budget = {}, set(), self.max_catch_up
+        for seq in seqs:
+            state, tokens = self.state(seq), seq.token_ids
+            same = next((i for i, (a, b) in enumerate(zip(state.fed, tokens)) if a != b), len(state.fed))
+            self.block_manager.truncate(state, min(same, len(tokens) - 1))  # its last token is always fed
+            rest = tokens[state.num_cached_tokens:]
+            n = min(len(rest), budget)
+            if n == 0 or not self.room(state, n):
+                continue
+            feeds[seq.seq_id] = rest[:n]
+            if n == len(rest):
+                complete.add(seq.seq_id)
+            budget -= n
+        return feeds, complete
+
+    def forward(self, states: list[DraftState], feeds: list[list[int]]) -> list[int]:
+        """One batched pass of the draft model: each state is fed its tokens; the greedy next token of each."""
+        bm, dev = self.block_manager, self.model.device
+        for state, ids in zip(states, feeds):
+            bm.append_slots(state, len(ids))
+        self.cache.prepare(states, [len(f) for f in feeds], [bm.table(s) for s in states])
+        ids = torch.tensor([t for f in feeds for t in f], device=dev)
+        positions = torch.tensor([p for s, f in zip(states, feeds) for p in range(len(s.fed), len(s.fed) + len(f))],
+                                 device=dev)
+        hidden = self.model.forward(ids, positions, self.cache)
+        last = torch.tensor([len(f) for f in feeds], device=dev).cumsum(0) - 1
+        for state, f in zip(states, feeds):
+            state.fed.extend(f)
+        return self.model.compute_logits(hidden[last]).argmax(-1).tolist()
+
+    def state(self, seq: Sequence) -> DraftState:
+        if seq.seq_id not in self.states:
+            self.states[seq.seq_id] = (seq, DraftState(seq.seq_id))
+            self.block_manager.allocate(self.states[seq.seq_id][1], [])
+        return self.states[seq.seq_id][1]
+
+    def room(self, state: DraftState, n: int) -> bool:
+        """Whether the draft's pool can take ``n`` more of this request's tokens, giving back the KV of requests
+        that are not running (waiting after a preemption) when it must."""
+        bm = self.block_manager
+        for seq_id in [i for i, (s, _) in self.states.items() if s.num_cached_tokens == 0 and i != state.seq_id]:
+            if bm.can_append(state, n):
+                break
+            self.drop(seq_id)
+        return bm.can_append(state, n)
+
+    def release(self) -> None:
+        for seq_id in list(self.states):
+            self.drop(seq_id)
+
+    def drop(self, seq_id: int) -> None:
+        _, state = self.states.pop(seq_id)
+        self.block_manager.free_sequence(state)
+

@@ -1,0 +1,87 @@
+"""Proposers: where draft tokens come from when they cost (almost) nothing to make.
+
+* `NgramProposer`, vLLM's ``ngram`` method (prompt lookup decoding, Saxena 2023): the text so far often repeats
+  itself (a summary quotes its source, an answer reuses the question's names, code repeats identifiers), so find
+  the last few tokens earlier in the prompt and output and propose what followed them there.
+* `PredictionProposer`, OpenAI's predicted outputs: the caller sends the text it expects (the file before a small
+  edit), and the output is drafted from it, position by position, re-aligned after each departure.
+
+A proposer only guesses; verification (``ModelRunner.sample_run``) keeps exactly the tokens one-at-a-time decoding
+would give, so a bad guess costs time, never a token.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from common.sequence import Sequence
+
+
+def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """vLLM's rule: the longest suffix of ``tokens`` of ``min_n`` to ``max_n`` tokens that occurs earlier in
+    ``tokens``; of its occurrences the first; and up to ``k`` tokens that followed it there. Nothing when no
+    suffix of ``min_n`` tokens or more recurs. ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``."""
+    # lab 06.1 begin: prompt lookup (n-gram) drafts
+    arr = np.asarray(tokens, dtype=np.int64)
+    for n in range(min(max_n, len(arr) - 1), min_n - 1, -1):
+        windows = sliding_window_view(arr[:-1], n)  # every n-gram that ends before the last token
+        hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[0]) + n
+            return tokens[start:start + k]
+    return []
+    # lab 06.1 end
+
+
+class NgramProposer:
+    """Drafts from the request's own prompt and output (``speculative_config`` method ``ngram``)."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        return [ngram_lookup(seq.token_ids, self.min_n, self.max_n, k) for seq, k in zip(seqs, ks)]
+
+    def release(self) -> None:
+        pass  # it keeps nothing between steps
+
+
+class PredictionProposer:
+    """Drafts from a request's predicted output: after the tokens that followed the prediction, its next ones.
+
+    Where the output departs from the prediction (an edit), the draft stops; it resumes where the output's last
+    tokens (up to ``max_n``) occur in the prediction again: at the first such place from where it left off, or,
+    when the output went back, the first anywhere. The prediction's tokens and where the output stands in it are
+    kept per sequence (each sample of n its own) and dropped when it finishes."""
+
+    def __init__(self, tokenizer, max_n: int = 8):
+        self.tokenizer, self.max_n = tokenizer, max_n
+        self.state: dict[int, tuple[Sequence, list[int], int, int | None]] = {}  # seq_id -> (seq, ids, out, at)
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        self.state = {i: s for i, s in self.state.items() if not s[0].is_finished}
+        return [self.draft(seq, k) for seq, k in zip(seqs, ks)]
+
+    def draft(self, seq: Sequence, k: int) -> list[int]:
+        _, ids, seen, at = self.state.get(seq.seq_id) or (seq, self.tokenizer.encode(seq.params.prediction), 0, 0)
+        out = seq.output_token_ids
+        new = out[seen:]
+        if at is None or ids[at:at + len(new)] != new:  # the output departed from the prediction: find it again
+            at = self.realign(ids, out, at or 0)
+        else:
+            at += len(new)
+        self.state[seq.seq_id] = (seq, ids, len(out), at)
+        return [] if at is None else ids[at:at + k]
+
+    def realign(self, ids: list[int], out: list[int], floor: int) -> int | None:
+        """Where in ``ids`` the output goes on: after the longest tail of ``out`` found there, preferring the first
+        place at or after ``floor`` (where it stood); None when not even its last token occurs."""
+        for n in range(min(self.max_n, len(out)), 0, -1):
+            tail = out[-n:]
+            ends = [i + n for i in range(len(ids) - n + 1) if ids[i:i + n] == tail]
+            if ends:
+                return next((e for e in ends if e >= floor), ends[0])
+        return None
+
+    def release(self) -> None:
+        self.state.clear()

@@ -1,0 +1,378 @@
+"""Stage 06: speculative decoding keeps exactly the reference's tokens, whatever is drafted and by whom.
+
+The oracle is the one-request-at-a-time reference (tokens, finish reasons, logprobs); the proposers are stage 06's
+own (n-gram lookup, predicted outputs, the int4 draft model), run through its scheduler's caps. After every step the
+block audit holds, no rejected slot is left in a block table or the prefix cache, and no draft ever caused a
+preemption; the n-gram lookup is held against a brute-force search, the draft model's guesses against the int4
+model's own greedy answer (its KV cache rolled back right), and the KV bytes against plain decoding's.
+"""
+import importlib
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from common import ReferenceLLM, SamplingParams
+from common.paths import DEFAULT_MODEL
+from common.validate import InvalidParam
+from test_parallel_sampling import TINY_BYTES_PER_TOKEN, penalized_params
+from workloads import examples
+
+spec = importlib.import_module("stages.06_speculative")
+proposers = importlib.import_module("stages.06_speculative.proposers")
+paged_scheduler = importlib.import_module("stages.03_paged_kv.scheduler")
+streaming = importlib.import_module("stages.05_streaming")
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return ReferenceLLM("tiny", dtype="bfloat16")
+
+
+def spec_llm(config=NGRAM, block_size=4, blocks=80, max_num_seqs=4, budget=32, **kw):
+    llm = spec.LLM("tiny", dtype="bfloat16", speculative_config=config, block_size=block_size,
+                   kv_cache_memory=blocks * block_size * TINY_BYTES_PER_TOKEN, max_num_seqs=max_num_seqs,
+                   max_num_batched_tokens=budget, **kw)
+    return llm, llm.add_observer(Checked(llm.engine))
+
+
+class Checked:
+    """After every step: the block audit; a running request holds blocks for its computed tokens only (its rejected
+    drafts' slots given back); every block the prefix cache knows holds exactly the tokens of whoever holds it."""
+
+    def __init__(self, engine):
+        self.engine, self.verify_steps, self.rejections = engine, 0, 0
+
+    def on_step(self, event):
+        bm, pc = self.engine.block_manager, self.engine.prefix_cache
+        bm.audit(self.engine.scheduler.running)
+        for seq in self.engine.scheduler.running:
+            assert len(bm.table(seq)) == bm.blocks_for(seq.num_cached_tokens)
+            assert seq.num_cached_tokens <= len(seq) - 1 and not seq.spec_token_ids
+            for i, block in enumerate(bm.table(seq)):
+                if pc is not None and block in pc.of_block and (i + 1) * bm.block_size <= seq.num_cached_tokens:
+                    assert pc.of_block[block][1] == seq.token_ids[i * bm.block_size:(i + 1) * bm.block_size]
+        self.verify_steps += sum(s.drafted > 0 for s in event.seqs)
+        self.rejections += sum(s.accepted < s.drafted for s in event.seqs)
+
+
+class Recorder:
+    """Every sequence's part in every step (`SeqStep`), in order."""
+
+    def __init__(self):
+        self.seqs = []
+
+    def on_step(self, event):
+        self.seqs.extend(event.seqs)
+
+
+@pytest.fixture(autouse=True)
+def drafts_never_preempt(monkeypatch):
+    """A request with drafts must fit without evicting anyone (the scheduler drops drafts first)."""
+    make_room = paged_scheduler.make_room
+
+    def checked(seq, n, running, waiting, bm):
+        assert not seq.spec_token_ids or bm.can_append(seq, n), "drafts made the scheduler preempt"
+        return make_room(seq, n, running, waiting, bm)
+
+    monkeypatch.setattr(paged_scheduler, "make_room", checked)
+
+
+def same_outputs(got, expected):
+    for g, e in zip(got, expected):
+        assert [(o.token_ids, o.finish_reason, o.text) for o in g.outputs] == \
+            [(o.token_ids, o.finish_reason, o.text) for o in e.outputs]
+        assert [o.logprobs for o in g.outputs] == [o.logprobs for o in e.outputs]
+
+
+# ---- the n-gram lookup, against a brute-force search --------------------------------------------------------------
+def brute_force_lookup(tokens, min_n, max_n, k):
+    """vLLM's rule, spelled out: the longest n in [min_n, max_n] whose last-n tokens occur earlier (ending before
+    the last token); the first such occurrence; the k tokens after it."""
+    for n in range(max_n, min_n - 1, -1):
+        for start in range(len(tokens) - n):
+            if n <= len(tokens) - 1 and tokens[start:start + n] == tokens[len(tokens) - n:]:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def test_ngram_lookup_follows_vllms_example():
+    assert proposers.ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]
+    assert proposers.ngram_lookup([1, 2, 3, 4, 5], 1, 3, 4) == []  # nothing recurs: nothing proposed
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(tokens=st.lists(st.integers(0, 3), min_size=1, max_size=30), lo=st.integers(1, 4), span=st.integers(0, 3),
+       k=st.integers(1, 6))
+def test_ngram_lookup_equals_the_brute_force_search(tokens, lo, span, k):
+    assert proposers.ngram_lookup(tokens, lo, lo + span, k) == brute_force_lookup(tokens, lo, lo + span, k)
+
+
+def test_prediction_proposer_realigns_after_an_edit():
+    """The output departs from the prediction (a word replaced): no draft until its last tokens are found again,
+    then the prediction's continuation from there, not from an earlier repeat."""
+    p = proposers.PredictionProposer(tokenizer=None)
+    ids = [10, 11, 12, 13, 14, 10, 11, 15, 16]
+    assert p.realign(ids, [10, 11], 0) == 2
+    assert p.realign(ids, [10, 11], 3) == 7  # the repeat after where the output stood
+    assert p.realign(ids, [99, 14], 0) == 5
+    assert p.realign(ids, [99], 0) is None
+
+
+# ---- identical tokens ----------------------------------------------------------------------------------------------
+@st.composite
+def repetitive_workloads(draw):
+    """Prompts over a few tokens, so the n-gram lookup finds matches and drafts (right and wrong ones)."""
+    alphabet = draw(st.lists(st.integers(3, 1023), min_size=2, max_size=6, unique=True))
+    prompts = [draw(st.lists(st.sampled_from(alphabet), min_size=1, max_size=30))
+               for _ in range(draw(st.integers(1, 4)))]
+    params = [draw(penalized_params()) for _ in prompts]
+    for p in params:
+        p.max_tokens = draw(st.integers(1, 24))
+        p.min_tokens = min(p.min_tokens, p.max_tokens)
+    return prompts, params
+
+
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(workload=repetitive_workloads(), k=st.integers(1, 6), lo=st.integers(1, 3), blocks=st.integers(24, 80),
+       budget=st.integers(8, 40), max_num_seqs=st.integers(1, 4), prefix=st.booleans())
+def test_ngram_speculation_keeps_the_references_tokens_and_logprobs(reference, workload, k, lo, blocks, budget,
+                                                                     max_num_seqs, prefix):
+    """Greedy and seeded sampling (temperature, top-p, top-k, min-p), penalties, logit_bias, allowed ids,
+    min_tokens, stop ids, n > 1 (forked blocks), prompt logprobs, a KV pool that preempts, a small step budget."""
+    prompts, params = workload
+    expected = reference.generate(prompts, params)
+    config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": lo, "prompt_lookup_max": lo + 2}
+    llm, checked = spec_llm(config, blocks=blocks, budget=max(budget, max_num_seqs, k + 1),
+                            max_num_seqs=max_num_seqs, enable_prefix_caching=prefix)
+    same_outputs(llm.generate(prompts, params), expected)
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and llm.stats.drafted_tokens == llm.spec_stats.drafted
+
+
+def test_speculation_drafts_accepts_and_rejects_on_a_repetitive_workload(reference):
+    """The property test above must be about speculation: here drafts are kept and rejected, with n > 1, seeded
+    sampling, penalties and preemption in the same run."""
+    prompts = [[5, 6, 7, 8] * 5, [9, 10] * 8, [11, 12, 13] * 4]
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0.8, top_p=0.9, seed=4, max_tokens=30, n=2, repetition_penalty=1.2),
+              SamplingParams(temperature=1.0, top_k=5, min_p=0.05, seed=9, max_tokens=30, logit_bias={5: 4.0})]
+    expected = reference.generate(prompts, params)
+    llm, checked = spec_llm(blocks=30)
+    same_outputs(llm.generate(prompts, params), expected)
+    assert llm.spec_stats.accepted > 0 and checked.rejections > 0 and llm.stats.preemptions > 0
+    assert max(llm.spec_stats.tokens_per_step().values()) > 1.0
+
+
+def test_stops_inside_a_draft_end_the_request_where_one_token_at_a_time_would(reference):
+    """The prediction is the reference's free-running answer, so whole drafts are right; a stop string, a stop id
+    or max_tokens inside one cuts the kept run at that token. And EOS sampled where a draft goes on (the
+    prediction continues past the answer's end) ends the request there."""
+    prompt = [5, 6, 7, 8]
+    free = reference.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
+    ids = free.token_ids
+    late = next(i for i, t in enumerate(ids) if i >= 4 and t not in ids[:i])  # a token first sampled late
+    word = reference.tokenizer.decode([ids[late]])
+    assert word.strip() and word not in reference.tokenizer.decode(ids[:late])
+    cases = [(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[word]), free.text),
+             (prompt, SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[ids[late]]), free.text),
+             (prompt, SamplingParams(temperature=0, max_tokens=11, ignore_eos=True), free.text)]
+    eos = SamplingParams(temperature=1.0, seed=1146, max_tokens=40)  # EOS at token 6 (found by search)
+    ended = reference.generate([[40, 41, 42]], eos)[0]
+    assert ended.token_ids[-1] == reference.config.eos_token_id and ended.finish_reason == "stop"
+    cases.append(([40, 41, 42], eos, ended.text + " and then some more words"))
+    for prompt, params, prediction in cases:
+        params.prediction = prediction
+        expected = reference.generate([prompt], params)
+        llm, checked = spec_llm({"method": "ngram", "num_speculative_tokens": 6})
+        steps = llm.add_observer(Recorder())
+        same_outputs(llm.generate([prompt], params), expected)
+        finishing = [s for s in steps.seqs if s.finish_reason]
+        assert llm.spec_stats.accepted > 0
+        assert finishing and finishing[0].drafted > 0, "the request should end in a verify step"
+
+
+# ---- bad input --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("config, key", [
+    ({"method": "eagle", "num_speculative_tokens": 2}, "speculative_config.method"),
+    ({"method": "ngram"}, "speculative_config.num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 17}, "speculative_config.num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": True}, "speculative_config.num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+     "speculative_config.prompt_lookup_min"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 0}, "speculative_config.prompt_lookup_min"),
+    ({"method": "draft_model", "num_speculative_tokens": 2, "prompt_lookup_min": 2},
+     "speculative_config.prompt_lookup_min"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "quantization": "int4"}, "speculative_config.quantization"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1},
+     "speculative_config.draft_tensor_parallel_size"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0},
+     "speculative_config.disable_by_batch_size"),
+    ("{not json", "speculative_config"), (["ngram"], "speculative_config"),
+])
+def test_a_bad_speculative_config_is_refused_naming_the_key(config, key):
+    with pytest.raises(InvalidParam) as e:
+        spec.LLM("tiny", dtype="bfloat16", speculative_config=config)
+    assert e.value.param == key and key.split(".")[-1] in str(e.value)
+
+
+def test_drafts_must_fit_a_step():
+    with pytest.raises(InvalidParam, match="max_num_batched_tokens=4") as e:
+        spec.LLM("tiny", dtype="bfloat16", max_num_seqs=4, max_num_batched_tokens=4,
+                 speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    assert e.value.param == "speculative_config.num_speculative_tokens"
+
+
+def test_a_prediction_that_is_not_text_is_refused():
+    with pytest.raises(InvalidParam, match="prediction") as e:
+        SamplingParams(prediction=["a", "b"])
+    assert e.value.param == "prediction"
+
+
+def test_predictions_keep_the_tokens_for_every_sample_and_count_what_they_drafted(reference):
+    """n = 2 seeded samples share one prediction (sample 0's answer with a word changed): each sample's tokens are
+    the reference's, and each counts its own drafted and kept prediction tokens."""
+    prompt = [30, 31, 32, 33, 34]
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=30, n=2, presence_penalty=0.5)
+    free = reference.generate([prompt], params)[0]
+    params.prediction = free.outputs[0].text.replace(" ", "  ", 1)
+    expected = reference.generate([prompt], params)
+    llm, checked = spec_llm()
+    steps = llm.add_observer(Recorder())
+    same_outputs(llm.generate([prompt], params), expected)
+    samples = list({s.seq_id: s.seq for s in steps.seqs}.values())
+    assert len(samples) == 2 and samples[0].num_accepted_tokens > 0
+    assert sum(s.num_drafted_tokens for s in samples) == llm.spec_stats.drafted
+    assert sum(s.num_accepted_tokens for s in samples) == llm.spec_stats.accepted
+
+
+def test_prefix_hits_share_only_kept_tokens(reference):
+    """Requests that share a head hit the prefix cache, across generate calls, while drafts are rejected; every
+    cached block holds kept tokens (checked after every step) and the tokens are the reference's."""
+    head = [7, 8, 9, 10, 7, 8, 9, 10, 11]
+    prompts = [head + [12, 7, 8], head + [13], head + [7, 8, 9]]
+    params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=0.7, seed=2, max_tokens=16),
+              SamplingParams(temperature=0, max_tokens=18, frequency_penalty=0.4)]
+    expected = reference.generate(prompts, params)
+    llm, checked = spec_llm()
+    same_outputs(llm.generate(prompts[:1], params[:1]), expected[:1])
+    same_outputs(llm.generate(prompts, params), expected)
+    assert llm.stats.prefix_hit_tokens > 0 and checked.rejections > 0
+
+
+def kv_of(engine, seq):
+    """The keys and values the target's cache holds for ``seq``'s computed tokens, in position order."""
+    bs = engine.block_manager.block_size
+    pos = torch.arange(seq.num_cached_tokens)
+    blocks = torch.tensor(engine.block_manager.table(seq), dtype=torch.long)[pos // bs]
+    return torch.cat([engine.cache.k[:, blocks, :, pos % bs], engine.cache.v[:, blocks, :, pos % bs]])
+
+
+class KVSnapshots:
+    def __init__(self, engine):
+        self.engine, self.kv, self.after_rejection = engine, {}, set()
+
+    def on_step(self, event):
+        rejected = {s.seq_id for s in event.seqs if s.accepted < s.drafted}
+        for seq in self.engine.scheduler.running:
+            self.kv[(seq.index, seq.num_cached_tokens)] = kv_of(self.engine, seq).clone()
+            if seq.seq_id in rejected:
+                self.after_rejection.add((seq.index, seq.num_cached_tokens))
+
+
+def test_the_kv_bytes_after_a_rejected_draft_are_plain_decodings():
+    """After every step, what the cache holds for each request's computed tokens is bit for bit what stage 05
+    (one token a step) holds at the same point, right after rejected drafts included (the slots they wrote are
+    given back and written again by the tokens kept later)."""
+    prompts = [[5, 6, 7, 8] * 3, [40, 41, 40, 42, 40]]
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=5, max_tokens=20, ignore_eos=True)]
+    base = streaming.LLM("tiny", dtype="bfloat16", block_size=4, max_num_seqs=2)
+    plain = base.add_observer(KVSnapshots(base.engine))
+    base.generate(prompts, params)
+    llm, _ = spec_llm(max_num_seqs=2)
+    drafted = llm.add_observer(KVSnapshots(llm.engine))
+    llm.generate(prompts, params)
+    assert drafted.after_rejection, "the test needs rejected drafts"
+    for key, kv in drafted.kv.items():
+        assert torch.equal(kv, plain.kv[key]), f"request {key[0]} at {key[1]} tokens"
+
+
+def test_the_draft_model_keeps_the_tokens_and_drafts_the_int4_models_own_greedy_answer(reference):
+    """The int4 copy drafts greedily from its own paged KV cache, catching up on the kept tokens and rolling back
+    its rejected drafts: each draft must be exactly the int4 model's one-request-at-a-time greedy continuation
+    of the request's tokens (a stale or misplaced draft KV would change it). The target's tokens are the
+    reference's, under preemption, with n = 2 and seeded sampling."""
+    int4 = ReferenceLLM("tiny", dtype="bfloat16", quantization="int4")
+    prompts = [[5, 6, 7, 8, 9], [100, 200, 300], [17, 99, 5, 301, 2]]
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=16, n=2),
+              SamplingParams(temperature=0, max_tokens=20, repetition_penalty=1.3)]
+    expected = reference.generate(prompts, params)
+    llm, checked = spec_llm({"method": "draft_model", "num_speculative_tokens": 3}, blocks=16)
+    proposer = llm.engine.scheduler.proposer
+    propose, checked_drafts = proposer.propose, []
+
+    def oracle_checked(seqs, ks):
+        drafts = propose(seqs, ks)
+        for seq, k, draft in zip(seqs, ks, drafts):
+            want = int4.generate([seq.token_ids], SamplingParams(temperature=0, max_tokens=k, ignore_eos=True))[0]
+            assert draft == want.token_ids[:len(draft)], (seq.token_ids, draft, want.token_ids)
+            checked_drafts.append(len(draft))
+        proposer.block_manager.audit([state for _, state in proposer.states.values()])
+        return drafts
+
+    proposer.propose = oracle_checked
+    same_outputs(llm.generate(prompts, params), expected)
+    assert sum(checked_drafts) > 20 and llm.spec_stats.accepted > 0 and checked.rejections > 0
+    assert llm.stats.preemptions > 0
+
+
+def test_the_shared_command_line_and_the_ladder_run_stage_06_with_speculation_on(reference):
+    from stages.cli import STAGE_NAMES, make_llm, parser
+    args = parser("stage 06").parse_args(["--model", "tiny", "--max-num-seqs", "2", "--block-size", "4"])
+    llm = make_llm("stages.06_speculative", args)
+    assert STAGE_NAMES["stages.06_speculative"] == "06 speculative"
+    assert llm.speculative_config == spec.SpeculativeConfig.parse(spec.LLM.default_speculative_config)
+    prompts, params = [[5, 6, 7, 5, 6, 7, 5, 6]], [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)]
+    same_outputs(llm.generate(prompts, params), reference.generate(prompts, params))
+    assert llm.stats.drafted_tokens > 0
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("config", [{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2},
+                                    {"method": "draft_model", "num_speculative_tokens": 3}],
+                         ids=["ngram", "int4 draft"])
+def test_on_smollm2_every_proposer_keeps_the_references_tokens(config):
+    """SmolLM2-135M in bfloat16: an edit with its original as prediction, an extraction (n-gram), a seeded chat
+    answer; the int4 draft model drafts for bfloat16. Drafts are kept, and every token is the reference's."""
+    ours = importlib.import_module("stages.06_speculative.workloads")
+    ref = ReferenceLLM(DEFAULT_MODEL, dtype="bfloat16")
+    tok, text = ref.tokenizer, ours.TEXTS[0]
+    prompts = [ours.request(tok, ours.EDITS[3], text), ours.request(tok, ours.EXTRACTS[0], ours.TEXTS[1]),
+               tok.encode_chat([{"role": "user", "content": "Why is the sky blue?"}])]
+    params = [SamplingParams(temperature=0, max_tokens=40, prediction=text),
+              SamplingParams(temperature=0, max_tokens=40),
+              SamplingParams(temperature=0.7, top_p=0.9, seed=1, max_tokens=24)]
+    expected = ref.generate(prompts, params)
+    llm = spec.LLM(DEFAULT_MODEL, dtype="bfloat16", max_num_seqs=3, speculative_config=config)
+    same_outputs(llm.generate(prompts, params), expected)
+    assert llm.spec_stats.accepted > 10 and llm.spec_stats.mean_tokens_per_step > 1.2
+
+
+def test_disable_by_batch_size_drafts_only_while_few_requests_run(reference):
+    """vLLM's disable_by_batch_size: while more requests than that run, no step drafts (the crossover, as a knob)."""
+    prompts = [[5, 6, 7, 8] * 3, [9, 10] * 6, [11, 12, 13] * 4]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (30, 12, 8)]
+    llm, checked = spec_llm({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                             "disable_by_batch_size": 1})
+    events = llm.add_observer(type("Events", (list,), {"on_step": lambda self, e: self.append(e)})())
+    same_outputs(llm.generate(prompts, params), reference.generate(prompts, params))
+    drafting = [e for e in events if any(s.drafted for s in e.seqs)]
+    assert drafting and llm.spec_stats.drafted > 0
+    assert all(e.state.num_in_step - len(e.admitted) <= 1 for e in drafting)  # running before the step: one
+    assert any(e.state.num_in_step > 1 for e in events)
