@@ -3,7 +3,8 @@
 A compiled grammar is shared by every request that asks for the same constraint (``Grammars.compile`` caches it
 per tokenizer); a matcher is one request's position in it: ``fill()`` the allowed tokens as a bitmask (int32 words,
 xgrammar's layout), ``accept(token)``, ``rollback(n)``, ``is_terminated()`` (an EOS was accepted where the grammar
-may end). ``choice`` and the patterns regex.py reads go to the hand-written automaton (fsm.py); JSON schemas,
+may end), and ``forced_text()``, the text every match must continue with from here (xgrammar's jump-forward
+string). ``choice`` and the patterns regex.py reads go to the hand-written automaton (fsm.py); JSON schemas,
 ``json_object``, EBNF grammars and other patterns to xgrammar (Dong et al. 2024), the backend vLLM defaults to.
 """
 from __future__ import annotations
@@ -47,6 +48,18 @@ class FSMGrammar:
     def matcher(self) -> FSMMatcher:
         return FSMMatcher(self)
 
+    def forced_text(self, state: int) -> str:
+        """The text every match must continue with from ``state``: bytes while exactly one byte keeps it alive and
+        the pattern cannot end there, cut to whole characters."""
+        data, dfa = bytearray(), self.dfa
+        while state >= 0 and not dfa.accepting(state) and len(data) < 256:
+            live = [b for b, nxt in enumerate(dfa.row(state)) if nxt >= 0]
+            if len(live) != 1:
+                break
+            data.append(live[0])
+            state = dfa.row(state)[live[0]]
+        return bytes(data).decode("utf-8", errors="ignore")
+
 
 class FSMMatcher:
     def __init__(self, grammar: FSMGrammar):
@@ -74,6 +87,10 @@ class FSMMatcher:
 
     def is_terminated(self) -> bool:
         return self.states[-1] == TERMINATED
+
+    def forced_text(self) -> str:
+        s = self.states[-1]
+        return "" if s == TERMINATED else self.grammar.forced_text(s)
 
 
 class XGrammarGrammar:
@@ -106,6 +123,9 @@ class XGrammarMatcher:
 
     def is_terminated(self) -> bool:
         return self.m.is_terminated()
+
+    def forced_text(self) -> str:
+        return "" if self.m.is_terminated() else self.m.find_jump_forward_string()
 
 
 class Grammars:

@@ -17,7 +17,7 @@ from stages import streaming as previous  # stage 06 (speculative) once it lands
 
 from .backends import grammars_for
 from .constraint import GrammarConstraint, single_token
-from .forced import ForcingScheduler
+from .forced import ForcedTokens, ForcingScheduler
 
 __all__ = ["LLM", "LLMEngine", "StructuredOutputs"]
 
@@ -66,3 +66,7 @@ class LLMEngine(previous.LLM.engine_class):
 
 class LLM(StructuredOutputs, previous.LLM):
     engine_class = LLMEngine
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.engine.scheduler.proposer = ForcedTokens(self.tokenizer.encode)  # this LLM's, with its tokenizer

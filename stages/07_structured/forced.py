@@ -1,11 +1,12 @@
 """Forced tokens for free: where the grammar allows exactly one next token, the engine knows it without sampling.
 
-After ``{"name": "Ada", "`` a schema whose next key is ``"age"`` allows one token, then one more (``":``), and so
-on: a run of forced tokens. `ForcedTokens.propose` reads that run off the request's constraint (each mask ahead is
-kept for the runner's rows, so nothing is computed twice), and `ForcingScheduler` feeds it as draft tokens
+After ``{"name": "Ada"`` a schema whose next key is ``age`` forces the text ``, "age": ``, and after the last value
+it forces ``}`` and then EOS. `ForcedTokens.propose` reads such runs off the request's constraint (each mask ahead
+is kept for the runner's rows, so nothing is computed twice), and `ForcingScheduler` feeds them as draft tokens
 (``Sequence.spec_token_ids``, the engine's seam for several tokens per step). The runner verifies drafts by exact
-match: a forced token is the only one its row allows, so it is always kept, the generator draws once per token as
-it would one at a time, and the tokens are exactly those of plain masked decoding, in fewer steps.
+match, so the tokens are exactly those of plain masked decoding, in fewer steps: a token whose mask allows
+nothing else is always kept; forced *text* is proposed as the tokenizer spells it, and kept where the model picks
+that spelling (a byte-level vocabulary spells ``"age"`` many ways, each allowed, so it is rarely one forced token).
 
 The proposer's interface (``propose(seq, k) -> list[int]``) is the one stage 06's proposers have; its scheduler will
 call this one beside them.
@@ -22,20 +23,37 @@ def constraint_of(seq: Sequence) -> GrammarConstraint | None:
 
 
 class ForcedTokens:
-    """Proposes the run of tokens the request's grammar forces from where it stands, at most ``k``."""
+    """Proposes, at most ``k`` tokens: the tokens the request's grammar forces from where it stands (a mask with
+    one token: always kept), and the text it forces written as the tokenizer writes it (kept where the model
+    agrees: the grammar also allows other spellings of the same text, ``"`` + ``name`` for ``"name``)."""
+
+    def __init__(self, encode=None):
+        self.encode = encode  # the tokenizer's text -> ids; None: forced tokens alone
+        self.forced = self.spelled = 0  # tokens proposed of each kind (the stage's measurement)
 
     def propose(self, seq: Sequence, k: int) -> list[int]:
         rule = constraint_of(seq)
         if rule is None or rule.error or rule.is_terminated():
             return []
         run: list[int] = []
-        while len(run) < k:
+        while len(run) < k and not rule.is_terminated():
             token = single_token(rule.mask())
-            if token is None:
-                break
-            run.append(token)
-            rule.accept(token)  # look ahead; taken back below
-            if token in seq.eos_token_ids or rule.is_terminated():
+            if token is not None:
+                run.append(token)
+                rule.accept(token)  # look ahead; taken back below
+                self.forced += 1
+                continue
+            text = rule.matcher.forced_text() if self.encode is not None and rule.live == rule.pos else ""
+            taken = 0
+            for token in self.encode(text)[:k - len(run)] if text else []:
+                words = rule.mask()
+                if not words[token // 32] >> (token % 32) & 1:
+                    break
+                run.append(token)
+                rule.accept(token)
+                taken += 1
+            self.spelled += taken
+            if not taken:
                 break
         if run:
             rule.rollback(len(run))
