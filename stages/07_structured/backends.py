@@ -20,7 +20,7 @@ from common.validate import InvalidParam, clip
 
 from .fsm import DFA, NFA, Trie, allowed_tokens, pack
 from .regex import Unsupported, literal, parse
-from .schema_check import unsupported_keywords
+from .schema_check import unsupported_keywords, xgrammar_reason
 from .vocab import token_bytes
 
 TERMINATED = -2  # the matcher's state after an EOS at the end of a match
@@ -191,12 +191,6 @@ class Grammars:
         if so.kind == "choice":  # only when the hand-written backend is not wanted
             return c.compile_grammar("root ::= " + " | ".join(json.dumps(x) for x in so.choice))
         return c.compile_grammar(so.grammar)
-
-
-def xgrammar_reason(e: Exception) -> str:
-    """xgrammar's message without its time stamp and source line ("[16:43:36] .../json_schema_converter.cc:5082: ")."""
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return first.split(".cc:", 1)[-1].split(": ", 1)[-1] if ".cc:" in first else first
 
 
 @functools.cache

@@ -46,7 +46,6 @@ def unsupported_keywords(schema, compiler=None, path: str = "$") -> list[str]:
             try:
                 compiler.compile_regex(value)
             except (RuntimeError, ValueError) as e:
-                from .backends import xgrammar_reason
                 problems.append(f"the pattern at {path} cannot be enforced: {xgrammar_reason(e)}")
         elif key in SUBSCHEMA_MAPS and isinstance(value, dict):
             for name, sub in value.items():
@@ -57,3 +56,9 @@ def unsupported_keywords(schema, compiler=None, path: str = "$") -> list[str]:
             for i, sub in enumerate(value):
                 problems += unsupported_keywords(sub, compiler, f"{where}[{i}]")
     return problems
+
+
+def xgrammar_reason(e: Exception) -> str:
+    """xgrammar's message without its time stamp and source line ("[16:43:36] .../json_schema_converter.cc:5082: ")."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return first.split(".cc:", 1)[-1].split(": ", 1)[-1] if ".cc:" in first else first

@@ -12,10 +12,11 @@ from __future__ import annotations
 from hypothesis import given, strategies as st
 
 from common import SamplingParams
-from stages.paged_kv import BlockAudit
+from stages import paged_kv
 from common.tools.workloads import TOY_LENGTHS, toy
 
 from .checks_server import check_05_3
+from .checks_structured import check_07_1
 from .checks_text import check_04_1, check_05_1, check_05_2
 from .examples import hypothesis, reference
 
@@ -111,7 +112,7 @@ def paged_llm(v, num_blocks: int, max_num_seqs: int, token_budget: int = 64):
     per_block = BLOCK * reference().config.kv_bytes_per_token(2)  # bfloat16
     llm = v.module("engine").LLM("tiny", dtype="bfloat16", max_num_seqs=max_num_seqs, block_size=BLOCK,
                                  kv_cache_memory_bytes=num_blocks * per_block, max_num_batched_tokens=token_budget)
-    llm.add_observer(BlockAudit(llm.engine))
+    llm.add_observer(paged_kv.BlockAudit(llm.engine))
     return llm
 
 
@@ -198,4 +199,4 @@ def check_03_4(v) -> None:
 
 CHECKS = {"01.1": check_01_1, "02.1": check_02_1, "03.1": paging, "03.2": paging, "03.3": paging,
           "03.4": check_03_4, "03.5": paging, "04.1": check_04_1, "05.1": check_05_1, "05.2": check_05_2,
-          "05.3": check_05_3}
+          "05.3": check_05_3, "07.1": check_07_1}
