@@ -125,10 +125,19 @@ class LLM:
         return seq
 
     def make_processors(self, params: SamplingParams, seq: Sequence) -> list[LogitsProcessor]:
-        """A request's logits processors, in order: the built-in rules of its parameters (a stage may add its own,
-        as stage 07 adds a grammar's). Each sample of n > 1 gets its own, so their states stay apart."""
+        """A request's logits processors, in order: the built-in rules of its parameters, then its structured-output
+        constraint, if any (stage 07). Each sample of n > 1 gets its own, so their states stay apart."""
         words = [self.bad_word_ids(w) for w in params.bad_words or []]
-        return build_processors(params, seq.prompt_token_ids, seq.eos_token_ids, [ids for w in words for ids in w])
+        return build_processors(params, seq.prompt_token_ids, seq.eos_token_ids,
+                                [ids for w in words for ids in w]) + self.constraint_processors(params, seq)
+
+    def constraint_processors(self, params: SamplingParams, seq: Sequence) -> list[LogitsProcessor]:
+        """The request's structured-output constraint. Only stage 07 applies one (it overrides this): elsewhere such
+        a request is refused, never run unconstrained."""
+        if params.structured_outputs is not None:
+            raise InvalidParam("structured_outputs", f"{type(self).__module__}.{type(self).__name__} does "
+                                                     "not apply structured_outputs: use stage 07 (stages.structured)")
+        return []
 
     def bad_word_ids(self, word: str) -> list[list[int]]:
         """vLLM's bad_words rule: the word's tokens as it would begin the text, and as a later word (after a space)
@@ -200,7 +209,7 @@ class LLM:
 
     def to_output(self, seq: Sequence) -> RequestOutput:
         return RequestOutput(seq.seq_id, seq.prompt, seq.prompt_token_ids, list(seq.output_token_ids),
-                             seq.output_text, seq.finish_reason, seq.metrics)
+                             seq.output_text, seq.finish_reason, seq.metrics, error=seq.error)
 
     # ---- engine -------------------------------------------------------------------------
     @property

@@ -19,6 +19,9 @@ from common.sampling import SamplingParams
 
 class LogitsProcessor:
     """A rule with no state; subclasses override ``apply`` and, if they keep state, the other three."""
+    # Set when the rule cannot go on (a grammar that no allowed token can continue): the request then ends with
+    # finish_reason "error" and this message, alone; the batch around it is untouched.
+    error: str | None = None
 
     def apply(self, logits: torch.Tensor, output_ids: list[int]) -> None:
         raise NotImplementedError

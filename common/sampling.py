@@ -4,6 +4,7 @@ The rules it sets run elsewhere: its penalties and constraints are the request's
 (common/processors.py), its temperature, min_p, top-k and top-p the sampler (common/sampler.py)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, replace
 
 from common.validate import InvalidParam, check_bool, check_int, check_text, clip
@@ -11,6 +12,80 @@ from common.validate import InvalidParam, check_bool, check_int, check_text, cli
 
 GREEDY_BELOW = 1e-5
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs, and OpenAI's top_logprobs limit
+CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")  # StructuredOutputsParams' kinds, one at a time
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """vLLM's structured outputs: the output must match one constraint, applied as a mask on the logits (stage 07).
+
+    ``json``: a JSON schema (a dict or its text); ``regex``: a regular expression the whole output matches;
+    ``choice``: one of these strings; ``grammar``: an EBNF grammar (xgrammar's GBNF dialect); ``json_object``:
+    any JSON object. ``disable_any_whitespace``: JSON as ``{"a": 1, "b": [2, 3]}`` only, with no free whitespace
+    (vLLM's option; free whitespace is the default, as in vLLM)."""
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self):
+        given = [k for k in CONSTRAINTS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise InvalidParam("structured_outputs", f"structured_outputs takes exactly one of {', '.join(CONSTRAINTS)}"
+                                                     f"; got {', '.join(given) if given else 'none'}")
+        def bad(name, why):
+            raise InvalidParam("structured_outputs", f"structured_outputs.{name}={clip(getattr(self, name))} is "
+                                                     f"invalid: {why}")
+        if self.json is not None:
+            if isinstance(self.json, str):
+                try:
+                    schema = json.loads(self.json)
+                except ValueError as e:
+                    bad("json", f"the schema is not valid JSON ({e})")
+            else:
+                schema = self.json
+            if not isinstance(schema, dict):
+                bad("json", "must be a JSON schema: an object (a dict or its JSON text)")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                bad(name, "must be a non-empty string")
+            if value is not None and not value.isascii():
+                try:
+                    check_text(name, value)
+                except InvalidParam as e:
+                    raise InvalidParam("structured_outputs", f"structured_outputs.{e}") from None
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice or not all(
+                isinstance(c, str) and c for c in self.choice)):
+            bad("choice", "must be a non-empty list of non-empty strings")
+        if self.json_object is not None and self.json_object is not True:
+            bad("json_object", "must be true (any JSON object)")
+        check_bool("disable_any_whitespace", self.disable_any_whitespace, prefix="structured_outputs.")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in CONSTRAINTS if getattr(self, k) is not None)
+
+    @property
+    def schema(self) -> dict | None:
+        """The JSON schema as a dict (``json`` given as text is parsed)."""
+        return json.loads(self.json) if isinstance(self.json, str) else self.json
+
+    @classmethod
+    def coerce(cls, value) -> StructuredOutputsParams | None:
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            known = [f.name for f in fields(cls)]
+            unknown = sorted(str(k) for k in value if k not in known)
+            if unknown:
+                raise InvalidParam("structured_outputs", f"unknown structured_outputs field(s) {clip(unknown)}; "
+                                                         f"known: {', '.join(known)}")
+            return cls(**value)
+        raise InvalidParam("structured_outputs", f"structured_outputs must be a StructuredOutputsParams or a dict, "
+                                                 f"not {type(value).__name__}")
 
 
 @dataclass
@@ -49,6 +124,9 @@ class SamplingParams:
     # OpenAI's predicted outputs: text the output is expected to repeat (a file before a small edit). Stage 06
     # drafts from it (speculative decoding); it never changes the tokens, and the other stages ignore it.
     prediction: str | None = None
+    # vLLM's structured outputs (a JSON schema, a regex, a choice, a grammar): a mask on the logits that only stage 07
+    # applies (the other stages refuse such a request rather than ignore it). A dict is read as its fields.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         if self.stop is None or isinstance(self.stop, str):
@@ -57,6 +135,7 @@ class SamplingParams:
             self.stop = list(self.stop)
         if self.stop_token_ids is None or isinstance(self.stop_token_ids, tuple):
             self.stop_token_ids = list(self.stop_token_ids or [])
+        self.structured_outputs = StructuredOutputsParams.coerce(self.structured_outputs)
         self.validate()
 
     @classmethod

@@ -97,6 +97,7 @@ class Sequence:
         self.generator = make_generator(params, device)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
+        self.error: str | None = None  # why it ended with finish_reason "error"
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
         self.max_len: int | None = None  # the engine's max_model_len: a hard stop
         self.index = 0  # position in its generate() call (the label in timelines)
@@ -156,11 +157,15 @@ class Sequence:
             self.output_text += self.detokenizer.add(token_id)
 
     def stop_reason(self) -> str | None:
-        """Why the request is done after its last token ("stop" or "length"), or None if it goes on.
+        """Why the request is done after its last token ("stop", "length" or "error"), or None if it goes on.
 
         A stop (a stop string, EOS or a stop token) wins over the length limit: a stop token sampled as the
         ``max_tokens``-th token finishes with "stop", as in vLLM, so the stop checks come first."""
         p, token = self.params, self.output_token_ids[-1]
+        failed = next((rule.error for rule in self.processors if rule.error), None)
+        if failed:  # a rule cannot go on (no token it allows is left): this request alone ends
+            self.error = failed
+            return "error"
         if len(self.output_token_ids) < p.min_tokens and not (self.max_len and len(self) >= self.max_len):
             return None  # vLLM: no stop of any kind before min_tokens
         if p.stop and any(s in self.output_text for s in p.stop):  # a stop string may span tokens

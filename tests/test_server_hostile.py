@@ -85,7 +85,11 @@ CASES = [  # (id, path, body: dict or raw bytes, headers, status, param, words t
     ("messages is a string", CHAT, MSG | {"messages": "hello"}, {}, 400, "messages", "valid list"),
     *[(f"{name} is unsupported", C, body(**{name: value}), {}, 400, name, "not supported")
       for name, value in [("best_of", 3), ("suffix", "x"),
-                          ("tools", [{"type": "function"}]), ("response_format", {"type": "json_object"})]],
+                          ("tools", [{"type": "function"}])]],
+    ("response_format on a stage without grammars", CHAT, MSG | {"response_format": {"type": "json_object"}}, {},
+     400, "structured_outputs", "use stage 07"),
+    ("a legacy guided_json", CHAT, MSG | {"guided_json": {"type": "object"}}, {}, 400, "guided_json",
+     'send structured_outputs: {"json": ...} instead'),
     *[(f"{name} is {value!r}", C, body(**{name: value}), {}, 400, name, why) for name, value, why in [
         ("frequency_penalty", 2.5, "[-2, 2]"), ("presence_penalty", -3, "[-2, 2]"), ("presence_penalty", "1", "number"),
         ("repetition_penalty", 0, "> 0"), ("min_p", 1.5, "[0, 1]"), ("min_tokens", -1, ">= 0"),

@@ -31,7 +31,7 @@ class Lab:
 
 
 S01, S02, S03 = "stages/01_static_batch", "stages/02_continuous_batch", "stages/03_paged_kv"
-S04, S05, S06 = "stages/04_kernels", "stages/05_streaming", "stages/06_speculative"
+S04, S05, S06, S07 = "stages/04_kernels", "stages/05_streaming", "stages/06_speculative", "stages/07_structured"
 
 LABS = {lab.number: lab for lab in [
     Lab("01", "01_static_batch", f"{S01}/README.md#what-the-code-does", (
@@ -264,5 +264,31 @@ LABS = {lab.number: lab for lab in [
               "    free -= bm.blocks_needed(seq, own + k)\n"
               "    budget -= own + k\n",),
              "drafts past max_tokens (tokens the request can never keep)"),
+    )),
+    Lab("07", "07_structured", f"{S07}/README.md#the-worked-example-a-choice-as-an-automaton", (
+        Task("07.1", "walk the token trie against the automaton", f"{S07}/fsm.py",
+             "allowed_tokens: every token the automaton allows from `state`: walk the vocabulary's trie (each "
+             "node's `children` by next byte, its `tokens` the ids whose bytes end there) together with the DFA "
+             "(`dfa.row(s)[byte]`: the next state, -1 when no match can go on). A token is allowed when each of its "
+             "bytes keeps the automaton alive, wherever it ends; a dead byte drops the whole subtree below it. The "
+             "check compares your walk with reading every token's bytes one by one, then runs your stage against "
+             "the reference with the same constraint.",
+             "Guided generation: a regular expression is compiled to a finite-state machine, and for each state the "
+             "vocabulary is walked once to find the tokens whose every character keeps the machine alive; that "
+             "index turns masking into a lookup at each step (Willard & Louf 2023, paraphrased).",
+             "A token may end in the middle of a match (\"y\" on the way to \"yes\"): what matters is that the state "
+             "after its last byte is alive (>= 0), not that it accepts.",
+             ("allowed, stack = [], [(trie, state)]\n"
+              "while stack:\n"
+              "    node, s = stack.pop()\n"
+              "    row = dfa.row(s)\n"
+              "    for byte, child in node.children.items():\n"
+              "        nxt = row[byte]\n"
+              "        if nxt >= 0:\n"
+              "            if dfa.accepting(nxt):\n"
+              "                allowed.extend(child.tokens)\n"
+              "            stack.append((child, nxt))\n"
+              "return allowed\n",),
+             "allows a token only when it completes a match, so no token can stop on the way (\"y\" before \"es\")"),
     )),
 ]}

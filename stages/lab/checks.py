@@ -17,6 +17,7 @@ from stages.workloads import TOY_LENGTHS, continuous_steps, static_steps, toy
 
 from .checks_server import check_05_3
 from .checks_spec import check_06_1, check_06_2
+from .checks_structured import check_07_1
 from .checks_text import check_04_1, check_05_1, check_05_2
 from .examples import hypothesis, reference
 from .xray import watch
@@ -184,4 +185,4 @@ def check_03_4(v) -> None:
 
 CHECKS = {"01.1": check_01_1, "02.1": check_02_1, "03.1": paging, "03.2": paging, "03.3": paging,
           "03.4": check_03_4, "03.5": paging, "04.1": check_04_1, "05.1": check_05_1, "05.2": check_05_2,
-          "05.3": check_05_3, "06.1": check_06_1, "06.2": check_06_2}
+          "05.3": check_05_3, "06.1": check_06_1, "06.2": check_06_2, "07.1": check_07_1}

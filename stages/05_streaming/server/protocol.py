@@ -5,7 +5,9 @@ JSON syntax, nesting depth and Unicode first, then the pydantic model (strict ty
 no unknown fields: a typo is an error, not a silently ignored field), then the value
 ranges, which are `SamplingParams`'s own checks. OpenAI fields this server does not
 implement are refused by name unless they carry their "off" value. ``n`` samples share the
-prompt's KV blocks (stage 03's forks); the penalties and constraints are vLLM's.
+prompt's KV blocks (stage 03's forks); the penalties and constraints are vLLM's. Structured
+output (OpenAI's ``response_format``, vLLM's ``structured_outputs``) becomes
+``SamplingParams.structured_outputs``, which only stage 07's engine applies (the others refuse it).
 """
 from __future__ import annotations
 
@@ -23,12 +25,16 @@ MAX_DEPTH = 16  # the deepest valid body is 5 levels (messages -> message -> con
 # OpenAI fields that are not implemented, each with the values that mean "off" (those are accepted).
 UNSUPPORTED = {"best_of": (1,), "suffix": ("",),
                "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-               "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],),
+               "audio": (), "modalities": (["text"],),
                "reasoning_effort": (), "web_search_options": ()}
 MAX_N = 128  # OpenAI's limit on n: each sample is a sequence of its own in the engine
 PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
              "allowed_token_ids")  # passed to SamplingParams as they are (logit_bias: its keys become ids)
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}  # no effect on the output
+# vLLM's old structured-output fields: removed in vLLM 0.12, where they are since ignored (the request then runs
+# unconstrained). Here they are refused, naming what replaced them.
+LEGACY_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                 "guided_grammar": "grammar", "guided_decoding_backend": None, "guided_whitespace_pattern": None}
 
 
 class Strict(BaseModel):
@@ -37,6 +43,19 @@ class Strict(BaseModel):
 
 class StreamOptions(Strict):
     include_usage: bool | None = None
+
+
+class JsonSchemaFormat(Strict):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for the name
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the schema is enforced either way
+    description: str | None = None
+
+
+class ResponseFormat(Strict):
+    """OpenAI's response_format: text (no constraint), json_object (any JSON object) or json_schema."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class SamplingFields(Strict):
@@ -59,6 +78,8 @@ class SamplingFields(Strict):
     allowed_token_ids: list[int] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict | None = None  # vLLM's: {"json" | "regex" | "choice" | "grammar" | "json_object": ...}
 
     @field_validator("stop")
     @classmethod
@@ -140,6 +161,11 @@ def parse_request(raw: bytes, model: type[Strict]) -> Strict:
             raise APIError(400, f"{name} is not supported by this server; leave it out", name)
     for name in IGNORED:
         body.pop(name, None)
+    for name, kind in LEGACY_GUIDED.items():
+        if name in body:
+            instead = f'structured_outputs: {{"{kind}": ...}}' if kind else "structured_outputs"
+            raise APIError(400, f"{name} was removed from vLLM's API (0.12) and is not read here: send {instead} "
+                                "instead", name)
     try:
         request = model.model_validate(body)
     except ValidationError as e:
@@ -171,6 +197,9 @@ def sampling_params(req: SamplingFields, chat: bool, prompt_len: int, max_model_
             kwargs["prompt_logprobs"] = req.logprobs
     if chat and req.prediction is not None:
         kwargs["prediction"] = req.prediction.content
+    structured = structured_outputs(req)
+    if structured is not None:
+        kwargs["structured_outputs"] = structured
     if req.logit_bias is not None:  # JSON keys are strings: OpenAI's token ids in decimal
         if not all(k.isascii() and k.isdigit() and len(k) < 10 for k in req.logit_bias):
             raise APIError(400, "logit_bias: every key must be a token id written in decimal, like \"50256\"",
@@ -181,12 +210,30 @@ def sampling_params(req: SamplingFields, chat: bool, prompt_len: int, max_model_
                                 **kwargs)
     except InvalidParam as e:
         param = name if e.param == "max_tokens" else "top_logprobs" if e.param == "logprobs" and chat else e.param
+        if e.param == "structured_outputs" and req.structured_outputs is None:
+            param = "response_format"
         raise APIError(400, str(e).replace("SamplingParams.max_tokens", param).replace("SamplingParams.", ""),
                        param) from None
     if requested is not None and requested > room:
         raise APIError(400, f"{name}={requested} is too large: the context holds {max_model_len} tokens and the "
                             f"prompt has {prompt_len}, so at most {room} can be generated", name)
     return params
+
+
+def structured_outputs(req: SamplingFields) -> dict | None:
+    """The request's constraint as StructuredOutputsParams' fields: vLLM's structured_outputs, or OpenAI's
+    response_format (json_schema: its schema; json_object: any object); never both."""
+    fmt = req.response_format if req.response_format is not None and req.response_format.type != "text" else None
+    if fmt is not None and req.structured_outputs is not None:
+        raise APIError(400, "give response_format or structured_outputs, not both", "structured_outputs")
+    if fmt is None:
+        return req.structured_outputs
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise APIError(400, 'response_format of type "json_schema" needs json_schema: {"name": ..., "schema": {...}}',
+                       "response_format")
+    return {"json": fmt.json_schema.schema_}
 
 
 def parse_json(raw: bytes):

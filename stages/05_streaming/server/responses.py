@@ -23,6 +23,7 @@ def logprobs_object(tokenizer, ids: list[int], entries: list, chat: bool, text_o
     def text(t: int) -> str:
         return tokenizer.decode([t], skip_special_tokens=False)
 
+    entries = [None if e is None else (finite(e[0]), [(i, finite(v)) for i, v in e[1]]) for e in entries]
     if chat:
         return {"content": [{"token": text(t), "logprob": lp, "bytes": list(text(t).encode()),
                              "top_logprobs": [{"token": text(i), "logprob": v, "bytes": list(text(i).encode())}
@@ -35,6 +36,11 @@ def logprobs_object(tokenizer, ids: list[int], entries: list, chat: bool, text_o
     return {"tokens": [text(t) for t in ids], "token_logprobs": [None if e is None else e[0] for e in entries],
             "top_logprobs": [None if e is None else {text(i): v for i, v in e[1]} for e in entries],
             "text_offset": offsets}
+
+
+def finite(logprob: float) -> float:
+    """JSON has no -inf: a token a mask ruled out (stage 07's processed logprobs) is sent as -9999.0, as vLLM does."""
+    return max(logprob, -9999.0)
 
 
 def joined(a: dict | None, b: dict | None) -> dict | None:

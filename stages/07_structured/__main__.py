@@ -1,0 +1,116 @@
+"""python -m stages.07_structured [demo | serve --host H --port P]
+
+demo: the schema suite (30 constrained requests) on SmolLM2 with every output checked, the tokens the grammar forced
+(steps with and without), the mask's cost per request per step, and the time per output token with and without a
+constraint at each --in-flight limit; serve: stage 05's OpenAI-compatible server on this stage's engine
+(response_format json_schema / json_object, vLLM's structured_outputs)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from rich.console import Console
+from rich.table import Table
+
+from common.sampling import SamplingParams
+from common.validate import InvalidParam
+from stages.cli import device_arg
+
+from .bench import chat_ids, mask_cost, run_suite, summary, time_per_token
+from .engine import LLM, previous
+from .suite import CASES
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("command", nargs="?", default="demo", choices=["demo", "serve"])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="auto", type=device_arg)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--kv-memory", default="512MiB", help="KV budget: bytes, '256MiB', or a fraction of free memory")
+    ap.add_argument("--num-forced-tokens", type=int, default=16, help="most forced tokens fed in one step (0: none)")
+    ap.add_argument("--in-flight", default="1,64", help="demo: the in-flight limits the time per token is taken at")
+    ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--api-key", default=None)
+    args = ap.parse_args(argv)
+    try:
+        llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+                  kv_cache_memory=args.kv_memory, num_forced_tokens=args.num_forced_tokens)
+    except InvalidParam as e:
+        raise SystemExit(f"error: {e}") from None
+    if args.command == "serve":
+        shutdown = importlib.import_module(previous.__name__ + ".server.shutdown")
+        try:
+            shutdown.serve(llm, args.host, args.port, args.served_model_name or args.model, api_key=args.api_key)
+        finally:
+            llm.shutdown()
+        return
+    demo(llm, args, Console())
+
+
+def demo(llm, args, console: Console) -> None:
+    console.print(f"[bold]stage 07[/] on {args.model}, {args.dtype}: the schema suite, {len(CASES)} requests")
+    for compact in (False, True):
+        llm.engine.scheduler.max_forced = 0
+        plain = run_suite(llm, args.max_tokens, compact)
+        llm.engine.scheduler.max_forced = args.num_forced_tokens
+        forced = run_suite(llm, args.max_tokens, compact)
+        same = [o.token_ids for o in plain.outputs] == [o.token_ids for o in forced.outputs]
+        label = "compact JSON (disable_any_whitespace)" if compact else "JSON with free whitespace (vLLM's default)"
+        table = Table(title=label)
+        for col in ("case", "output", "check"):
+            table.add_column(col, overflow="fold")
+        for name, out, problem in zip(forced.names, forced.outputs, forced.problems):
+            table.add_row(name, out.text[:120], "[green]ok[/]" if problem is None else f"[red]{problem}[/]")
+        console.print(table)
+        valid = sum(p is None for p in forced.problems)
+        console.print(f"{valid} of {len(CASES)} outputs parse and match. {forced.output_tokens} tokens: with forced "
+                      f"tokens {forced.output_tokens - forced.accepted} request-steps (one per token not fed as a "
+                      f"kept draft; {forced.accepted} of {forced.drafted} drafts kept: "
+                      f"{forced.accepted / max(1, forced.output_tokens):.1%} of the tokens), without "
+                      f"{plain.output_tokens}; engine steps {forced.steps} / {plain.steps}; same tokens: "
+                      f"{'yes' if same else 'NO'}")
+        costs = mask_cost(llm, forced, compact=compact)
+        table = Table(title=f"the mask per request per step, µs ({label})")
+        for col in ("constraint", "steps", "p50", "p99", "mean"):
+            table.add_column(col, justify="right")
+        for kind, values in costs.items():
+            p50, p99, mean = summary(values)
+            table.add_row(kind, str(len(values)), f"{p50:.0f}", f"{p99:.0f}", f"{mean:.0f}")
+        console.print(table)
+    per_token(llm, args, console)
+
+
+def per_token(llm, args, console: Console) -> None:
+    """The JSON cases at each in-flight limit: unconstrained (the same number of tokens per request, EOS ignored),
+    constrained one token a step, constrained with forced tokens."""
+    json_cases = [c for c in CASES if "json" in c[2]]
+    table = Table(title="time per output token, ms (after each request's first)")
+    for col in ("in flight", "unconstrained", "JSON schema", "vs unconstrained", "JSON + forced", "vs unconstrained",
+                "steps: plain / forced"):
+        table.add_column(col, justify="right")
+    for limit in [int(x) for x in args.in_flight.split(",")]:
+        cases = (json_cases * (limit // len(json_cases) + 1))[:max(limit, 4)]
+        prompts = [chat_ids(llm, prompt) for _, prompt, _ in cases]
+        constrained = [SamplingParams(temperature=0, max_tokens=args.max_tokens, structured_outputs=so)
+                       for _, _, so in cases]
+        llm.engine.scheduler.max_num_seqs = limit
+        llm.engine.scheduler.max_forced = 0
+        lengths = [len(o.token_ids) for o in llm.generate(prompts, constrained)]  # also warms the grammar cache
+        masked, _, plain_steps = time_per_token(llm, prompts, constrained)
+        llm.engine.scheduler.max_forced = args.num_forced_tokens
+        forced, _, forced_steps = time_per_token(llm, prompts, constrained)
+        free = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+        base, _, _ = time_per_token(llm, prompts, free)
+        table.add_row(str(limit), f"{base:.1f}", f"{masked:.1f}", f"{masked / base - 1:+.1%}", f"{forced:.1f}",
+                      f"{forced / base - 1:+.1%}", f"{plain_steps} / {forced_steps}")
+    llm.engine.scheduler.max_num_seqs = args.max_num_seqs
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

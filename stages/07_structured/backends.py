@@ -1,0 +1,199 @@
+"""The two backends behind one interface: compile a constraint once, then a matcher per request.
+
+A compiled grammar is shared by every request that asks for the same constraint (``Grammars.compile`` caches it
+per tokenizer); a matcher is one request's position in it: ``fill()`` the allowed tokens as a bitmask (int32 words,
+xgrammar's layout), ``accept(token)``, ``rollback(n)``, ``is_terminated()`` (an EOS was accepted where the grammar
+may end), and ``forced_text()``, the text every match must continue with from here (xgrammar's jump-forward
+string). ``choice`` and the patterns regex.py reads go to the hand-written automaton (fsm.py); JSON schemas,
+``json_object``, EBNF grammars and other patterns to xgrammar (Dong et al. 2024), the backend vLLM defaults to.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from collections import OrderedDict
+
+import numpy as np
+
+from common.sampling import StructuredOutputsParams
+from common.validate import InvalidParam, clip
+
+from .fsm import DFA, NFA, Trie, allowed_tokens, pack
+from .regex import Unsupported, literal, parse
+from .schema_check import unsupported_keywords, xgrammar_reason
+from .vocab import token_bytes
+
+TERMINATED = -2  # the matcher's state after an EOS at the end of a match
+CACHE_SIZE = 256  # compiled grammars kept per tokenizer
+
+
+class FSMGrammar:
+    """A pattern's automaton and, per state reached so far, its mask (shared by all its requests)."""
+    backend = "fsm"
+
+    def __init__(self, tree: tuple, grammars: Grammars):
+        self.dfa, self.g = DFA(NFA(tree)), grammars
+        self.masks: dict[int, np.ndarray] = {}
+
+    def mask(self, state: int) -> np.ndarray:
+        if state not in self.masks:
+            if state == TERMINATED:
+                allowed = []
+            else:
+                allowed = allowed_tokens(self.dfa, state, self.g.trie)
+                allowed += self.g.eos_ids if self.dfa.accepting(state) else []
+            self.masks[state] = pack(allowed, self.g.vocab_size)
+        return self.masks[state]
+
+    def matcher(self) -> FSMMatcher:
+        return FSMMatcher(self)
+
+    def forced_text(self, state: int) -> str:
+        """The text every match must continue with from ``state``: bytes while exactly one byte keeps it alive and
+        the pattern cannot end there, cut to whole characters."""
+        data, dfa = bytearray(), self.dfa
+        while state >= 0 and not dfa.accepting(state) and len(data) < 256:
+            live = [b for b, nxt in enumerate(dfa.row(state)) if nxt >= 0]
+            if len(live) != 1:
+                break
+            data.append(live[0])
+            state = dfa.row(state)[live[0]]
+        return bytes(data).decode("utf-8", errors="ignore")
+
+
+class FSMMatcher:
+    def __init__(self, grammar: FSMGrammar):
+        self.grammar, self.states = grammar, [grammar.dfa.start]  # one state per accepted token, for rollback
+
+    def fill(self) -> np.ndarray:
+        return self.grammar.mask(self.states[-1])
+
+    def accept(self, token: int) -> bool:
+        s, dfa = self.states[-1], self.grammar.dfa
+        if s == TERMINATED:
+            return False
+        if token in self.grammar.g.eos_ids:
+            nxt = TERMINATED if dfa.accepting(s) else -1
+        else:
+            data = self.grammar.g.vocab[token] if token < len(self.grammar.g.vocab) else None
+            nxt = dfa.walk(s, data) if data else -1
+        if nxt == -1:
+            return False
+        self.states.append(nxt)
+        return True
+
+    def rollback(self, n: int) -> None:
+        del self.states[len(self.states) - n:]
+
+    def is_terminated(self) -> bool:
+        return self.states[-1] == TERMINATED
+
+    def forced_text(self) -> str:
+        s = self.states[-1]
+        return "" if s == TERMINATED else self.grammar.forced_text(s)
+
+
+class XGrammarGrammar:
+    backend = "xgrammar"
+
+    def __init__(self, compiled, vocab_size: int):
+        self.compiled, self.vocab_size = compiled, vocab_size
+
+    def matcher(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self)
+
+
+class XGrammarMatcher:
+    def __init__(self, grammar: XGrammarGrammar):
+        import xgrammar as xgr
+        self.xgr, self.m = xgr, xgr.GrammarMatcher(grammar.compiled)
+        self.words = -(-grammar.vocab_size // 32)
+
+    def fill(self) -> np.ndarray:
+        import torch
+        bitmask = torch.empty((1, self.words), dtype=torch.int32)
+        self.m.fill_next_token_bitmask(bitmask)
+        return bitmask.numpy()[0]
+
+    def accept(self, token: int) -> bool:
+        return not self.m.is_terminated() and self.m.accept_token(token)
+
+    def rollback(self, n: int) -> None:
+        self.m.rollback(n)
+
+    def is_terminated(self) -> bool:
+        return self.m.is_terminated()
+
+    def forced_text(self) -> str:
+        return "" if self.m.is_terminated() else self.m.find_jump_forward_string()
+
+
+class Grammars:
+    """One tokenizer's compiled constraints (an LRU cache), its token trie and its xgrammar compiler."""
+
+    def __init__(self, folder: str, vocab_size: int, eos_ids: tuple[int, ...]):
+        self.folder, self.vocab_size, self.eos_ids = folder, vocab_size, list(eos_ids)
+        self.vocab = token_bytes(folder, vocab_size)
+        self.cache: OrderedDict = OrderedDict()
+
+    @functools.cached_property
+    def trie(self) -> Trie:
+        return Trie.build(self.vocab)
+
+    @functools.cached_property
+    def compiler(self):
+        """xgrammar's compiler over this vocabulary: special tokens as empty strings, which xgrammar never allows
+        inside a structure (given as text, ``<|im_start|>`` would be allowed inside a JSON string)."""
+        import xgrammar as xgr
+        vocab = [b if b is not None else b"" for b in self.vocab]
+        info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=self.vocab_size,
+                                 stop_token_ids=self.eos_ids)
+        return xgr.GrammarCompiler(info, max_threads=1)
+
+    def compile(self, so: StructuredOutputsParams, backend: str = "auto"):
+        """The compiled constraint (cached); `InvalidParam` with the backend's reason when it cannot compile."""
+        key = (so.kind, json.dumps(so.schema, sort_keys=True) if so.kind == "json" else repr(getattr(so, so.kind)),
+               so.disable_any_whitespace, backend)
+        if key in self.cache:
+            self.cache.move_to_end(key)
+            return self.cache[key]
+        grammar = self.build(so, backend)
+        self.cache[key] = grammar
+        if len(self.cache) > CACHE_SIZE:
+            self.cache.popitem(last=False)
+        return grammar
+
+    def build(self, so: StructuredOutputsParams, backend: str):
+        if so.kind in ("choice", "regex") and backend in ("auto", "fsm"):
+            try:
+                tree = ("alt", [literal(c) for c in so.choice]) if so.kind == "choice" else parse(so.regex)
+                return FSMGrammar(tree, self)
+            except Unsupported as e:
+                if backend == "fsm":
+                    raise InvalidParam("structured_outputs", f"structured_outputs.regex: {e}") from None
+        try:
+            return XGrammarGrammar(self.xgrammar(so), self.vocab_size)
+        except (RuntimeError, ValueError) as e:
+            raise InvalidParam("structured_outputs", f"structured_outputs.{so.kind}: xgrammar cannot compile it: "
+                                                     f"{clip(xgrammar_reason(e), 300)}") from None
+
+    def xgrammar(self, so: StructuredOutputsParams):
+        c = self.compiler
+        if so.kind == "json":
+            schema = so.schema
+            for problem in unsupported_keywords(schema, c):
+                raise InvalidParam("structured_outputs", f"structured_outputs.json: {problem}")
+            return c.compile_json_schema(json.dumps(schema), any_whitespace=not so.disable_any_whitespace)
+        if so.kind == "json_object":  # vLLM's: an object (the builtin JSON grammar would take any value)
+            return c.compile_json_schema('{"type": "object"}', any_whitespace=not so.disable_any_whitespace)
+        if so.kind == "regex":
+            return c.compile_regex(so.regex)
+        if so.kind == "choice":  # only when the hand-written backend is not wanted
+            return c.compile_grammar("root ::= " + " | ".join(json.dumps(x) for x in so.choice))
+        return c.compile_grammar(so.grammar)
+
+
+@functools.cache
+def grammars_for(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Grammars:
+    """One `Grammars` per tokenizer in this process: the reference and every stage share its compiled grammars."""
+    return Grammars(folder, vocab_size, eos_ids)

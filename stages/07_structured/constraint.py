@@ -1,0 +1,113 @@
+"""A request's grammar as a logits processor: the mask for the next position, kept in step with the kept tokens.
+
+`GrammarConstraint` is the one processor stage 07 adds to a request (each sample of n > 1 its own). At each
+position it asks its matcher for the allowed tokens as a bitmask and sets every other logit to -inf, on the
+request's own row, so the result never depends on the batch; it follows the kept tokens (``accept``), takes back a
+rejected draft (``rollback``) and says when the structure is complete (``is_terminated``: an EOS was accepted where
+the grammar may end, which ends the request as EOS does).
+
+A mask is computed once per position: the forced-token proposer (forced.py) asks for the masks ahead before the
+step, and the runner's rows then find them here (``masks`` follows the path of tokens they were computed for).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from common.processors import LogitsProcessor
+
+from .fsm import pack
+
+KEEP_BEHIND = 64  # masks kept for positions already passed: a rollback never goes further back than a step's drafts
+
+
+def apply_bitmask(row: torch.Tensor, words: np.ndarray) -> None:
+    """Set to -inf, in place, every logit whose bit is 0 in ``words`` (bit i of int32 word j: token 32 j + i).
+    One unpack and one masked copy over the row: about 49,152 bytes each for SmolLM2's vocabulary."""
+    n = row.numel()
+    if row.device.type == "cpu":
+        banned = np.unpackbits((~words).view(np.uint8), count=n, bitorder="little").view(np.bool_)
+        np.copyto(row.numpy(), -np.inf, where=banned)
+    else:
+        keep = np.unpackbits(words.view(np.uint8), count=n, bitorder="little")
+        row.masked_fill_(torch.from_numpy(keep).to(row.device) == 0, float("-inf"))
+
+
+def single_token(words: np.ndarray) -> int | None:
+    """The one token a mask allows, or None when it allows none or several."""
+    nonzero = np.flatnonzero(words)
+    if len(nonzero) != 1:
+        return None
+    word = int(words[nonzero[0]]) & 0xFFFFFFFF
+    return None if word & (word - 1) else int(nonzero[0]) * 32 + word.bit_length() - 1
+
+
+class GrammarConstraint(LogitsProcessor):
+    def __init__(self, matcher, eos_ids: list[int], vocab_size: int, check_empty: bool = False,
+                 name: str = "structured_outputs"):
+        self.matcher, self.eos_ids, self.name = matcher, eos_ids, name
+        self.eos_mask = pack(eos_ids[:1], vocab_size)
+        # Another rule of the request can also ban tokens (allowed_token_ids, bad_words, min_tokens): then a row may
+        # be left with none, checked after this mask (it comes last in the chain).
+        self.check_empty = check_empty
+        self.pos = 0  # tokens accepted
+        self.live = 0  # of them, accepted by the matcher (all, unless the request failed)
+        self.path: list[int] = []  # the tokens the memo below follows (the accepted ones, then any looked ahead)
+        self.masks: list[np.ndarray | None] = []  # masks[q]: the mask at position q after path[:q]
+        self.failures: dict[int, str] = {}  # position -> why no token was left there
+        self.mask_seconds, self.mask_calls = 0.0, 0  # what the masks cost this request (the stage's measurement)
+
+    def mask(self) -> np.ndarray:
+        """The allowed tokens at the current position, computed once per position."""
+        if len(self.masks) <= self.pos:
+            self.masks += [None] * (self.pos + 1 - len(self.masks))
+        if self.masks[self.pos] is None:
+            # Past the end (a row after an EOS that was drafted): EOS again, a defined row that is never kept.
+            self.masks[self.pos] = self.eos_mask if self.matcher.is_terminated() else self.matcher.fill()
+        return self.masks[self.pos]
+
+    def apply(self, logits: torch.Tensor, output_ids: list[int]) -> None:
+        start = time.perf_counter()
+        apply_bitmask(logits, self.mask())
+        if self.check_empty and not bool(torch.isfinite(logits).any()):
+            self.failures[self.pos] = (f"no token is allowed at output token {self.pos}: {self.name} allows only "
+                                       f"tokens that the request's other rules (allowed_token_ids, bad_words, "
+                                       f"min_tokens) ban")
+            logits.fill_(float("-inf"))
+            logits[self.eos_ids[0]] = 0.0  # a defined token to end on: the request fails with the message above
+        self.mask_seconds += time.perf_counter() - start
+        self.mask_calls += 1
+
+    def accept(self, token: int) -> None:
+        if self.pos < len(self.path) and self.path[self.pos] == token:
+            pass  # the path the masks ahead were computed for
+        else:
+            del self.path[self.pos:], self.masks[self.pos + 1:]
+            self.path.append(token)
+            for q in [q for q in self.failures if q > self.pos]:
+                del self.failures[q]
+        if self.live == self.pos and self.matcher.accept(token):
+            self.live += 1
+        elif self.live == self.pos and self.pos not in self.failures:
+            self.failures[self.pos] = f"{self.name} does not allow token {token} at output token {self.pos}"
+        self.pos += 1
+        if self.pos > KEEP_BEHIND and self.pos - KEEP_BEHIND < len(self.masks):
+            self.masks[self.pos - KEEP_BEHIND] = None
+
+    def rollback(self, num_tokens: int) -> None:
+        self.pos -= num_tokens
+        undo = self.live - min(self.live, self.pos)
+        if undo:
+            self.matcher.rollback(undo)
+            self.live -= undo
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    @property
+    def error(self) -> str | None:
+        """Why the request cannot go on, once the token at a position with no allowed token has been kept."""
+        failed = [q for q in self.failures if q < self.pos]
+        return self.failures[min(failed)] if failed else None
