@@ -4,8 +4,9 @@ The previous stage's engine with one idea added: a request may carry a constrain
 structured_outputs=...)``: a JSON schema, a regex, a choice, a grammar) and then gets a `GrammarConstraint` among its
 logits processors, which masks every token the grammar does not allow at that position (constraint.py). The
 engine itself changes in two small places: its runner reports log-probabilities of the masked distribution (vLLM's
-``processed_logprobs``), and its scheduler feeds the tokens a grammar forces as drafts, verified in one step
-(forced.py). Everything else (batching, paging, kernels, streaming) is the previous stage's.
+``processed_logprobs``), and its scheduler feeds the tokens a grammar forces as drafts, verified in one step by
+stage 06's exact match (forced.py). Everything else (batching, paging, kernels, streaming, speculation for the
+requests without a constraint) is the previous stage's.
 """
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from common.processors import LogitsProcessor
 from common.sampling import SamplingParams
 from common.sequence import Sequence
 from common.validate import InvalidParam, check_int
-from stages import streaming as previous  # stage 06 (speculative) once it lands: the one line to change
+from stages import speculative as previous
 
 from .backends import grammars_for
 from .constraint import GrammarConstraint, single_token
-from .forced import ForcedTokens, ForcingScheduler
+from .forced import ForcedTokens, constraint_of
 
 __all__ = ["LLM", "LLMEngine", "StructuredOutputs"]
 
@@ -48,8 +49,17 @@ class StructuredOutputs:
         return [rule]
 
 
-class Scheduler(ForcingScheduler, previous.LLM.engine_class.scheduler_class):
-    pass
+class Scheduler(previous.LLM.engine_class.scheduler_class):
+    """Stage 06's scheduler with one more proposer: a request with a constraint drafts the tokens its grammar
+    forces (up to ``max_forced`` a step; stage 06's caps on budget, blocks and max_tokens apply as to any draft)."""
+    forced = ForcedTokens()
+    max_forced = 16  # stage 07's engine option num_forced_tokens
+
+    def draft_limit(self, seq: Sequence) -> int:
+        return self.max_forced if constraint_of(seq) is not None else super().draft_limit(seq)
+
+    def proposer_for(self, seq: Sequence):
+        return self.forced if constraint_of(seq) is not None else super().proposer_for(seq)
 
 
 class LLMEngine(previous.LLM.engine_class):
@@ -69,4 +79,4 @@ class LLM(StructuredOutputs, previous.LLM):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.engine.scheduler.proposer = ForcedTokens(self.tokenizer.encode)  # this LLM's, with its tokenizer
+        self.engine.scheduler.forced = ForcedTokens(self.tokenizer.encode)  # this LLM's, with its tokenizer

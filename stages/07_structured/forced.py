@@ -2,14 +2,15 @@
 
 After ``{"name": "Ada"`` a schema whose next key is ``age`` forces the text ``, "age": ``, and after the last value
 it forces ``}`` and then EOS. `ForcedTokens.propose` reads such runs off the request's constraint (each mask ahead
-is kept for the runner's rows, so nothing is computed twice), and `ForcingScheduler` feeds them as draft tokens
-(``Sequence.spec_token_ids``, the engine's seam for several tokens per step). The runner verifies drafts by exact
-match, so the tokens are exactly those of plain masked decoding, in fewer steps: a token whose mask allows
-nothing else is always kept; forced *text* is proposed as the tokenizer spells it, and kept where the model picks
+is kept for the runner's rows, so nothing is computed twice), and stage 07's scheduler (engine.py) feeds them as
+draft tokens (``Sequence.spec_token_ids``) through stage 06's hooks, as one more proposer. The runner verifies
+drafts by exact match, so the tokens are exactly those of plain masked decoding, in fewer steps: a token whose mask
+allows nothing else is always kept; forced *text* is proposed as the tokenizer spells it, and kept where the model picks
 that spelling (a byte-level vocabulary spells ``"age"`` many ways, each allowed, so it is rarely one forced token).
 
-The proposer's interface (``propose(seq, k) -> list[int]``) is the one stage 06's proposers have; its scheduler will
-call this one beside them.
+Stage 06's speculation still drafts for the requests without a constraint (its proposers' interface,
+``propose(seqs, ks) -> drafts``, is this one's); a constrained request takes its forced run instead, since a guess
+the grammar forbids can never be kept.
 """
 from __future__ import annotations
 
@@ -31,7 +32,14 @@ class ForcedTokens:
         self.encode = encode  # the tokenizer's text -> ids; None: forced tokens alone
         self.forced = self.spelled = 0  # tokens proposed of each kind (the stage's measurement)
 
-    def propose(self, seq: Sequence, k: int) -> list[int]:
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        return [self.run(seq, k) for seq, k in zip(seqs, ks)]
+
+    def release(self) -> None:
+        pass  # it holds nothing per request: the look-ahead is rolled back at once
+
+    def run(self, seq: Sequence, k: int) -> list[int]:
+        """The forced run of ``seq``: at most ``k`` tokens."""
         rule = constraint_of(seq)
         if rule is None or rule.error or rule.is_terminated():
             return []
@@ -58,23 +66,3 @@ class ForcedTokens:
         if run:
             rule.rollback(len(run))
         return run
-
-
-class ForcingScheduler:
-    """Mixed into a scheduler (stage 07's engine.py): before each step, every decoding request with a constraint gets
-    its forced run as drafts, capped so that the step's token budget holds them whole and no draft lies past
-    max_tokens or the context."""
-    proposer = ForcedTokens()
-    max_forced = 16  # tokens per request per step (stage 07's engine option num_forced_tokens)
-
-    def schedule(self):
-        room = self.max_num_batched_tokens
-        for seq in self.running:
-            seq.spec_token_ids = []
-            if self.max_forced and seq.num_new_tokens == 1 and room > 1 and seq.processors:
-                limit = min(seq.params.max_tokens, (seq.max_len or 1 << 62) - seq.num_prompt_tokens)
-                k = min(self.max_forced, room - 1, limit - len(seq.output_token_ids) - 1)
-                if k > 0:
-                    seq.spec_token_ids = self.proposer.propose(seq, k)
-            room -= seq.num_new_tokens
-        return super().schedule()

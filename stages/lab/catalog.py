@@ -257,7 +257,7 @@ LABS = {lab.number: lab for lab in [
               "        break\n"
               "    k = 0\n"
               "    if seq.num_new_tokens == 1:\n"
-              "        k = max(0, min(self.num_speculative_tokens, budget - 1))\n"
+              "        k = max(0, min(self.draft_limit(seq), budget - 1))\n"
               "        while k > 0 and bm.blocks_needed(seq, 1 + k) > free:\n"
               "            k -= 1\n"
               "        caps[seq.seq_id] = k\n"

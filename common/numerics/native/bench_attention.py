@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import sys
 import time
 
 import numpy as np
@@ -74,6 +73,7 @@ def main(version: str) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__)
-    print(main(sys.argv[1]))
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("version", help="kernel, portable, tiles, or the path of another build's library")
+    print(main(ap.parse_args().version))
