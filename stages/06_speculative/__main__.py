@@ -16,6 +16,7 @@ from rich.console import Console
 from common.paths import DEFAULT_MODEL
 from common.validate import InvalidParam
 from stages.cli import device_arg
+from stages.xray import cli as xray
 
 from .config import STAGE_DEFAULT, SpeculativeConfig
 from .workloads import WORKLOADS
@@ -71,6 +72,7 @@ def main(argv=None) -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--api-key", default=os.environ.get("STEPWISE_API_KEY"))
+    xray.add_arguments(ap)  # compare: stage 06's runs, one per workload and in-flight limit
     args = ap.parse_args(argv)
     try:
         run(args)
@@ -95,7 +97,10 @@ def run(args: argparse.Namespace) -> None:
             llm.shutdown()
         return
     from .measure import measure, report
-    report(measure(args, console), args, console)
+    recorder = xray.recorder(args, {"model": args.model, "speculative_config": str(args.speculative_config)})
+    report(measure(args, console, recorder), args, console)
+    if recorder is not None:
+        xray.write_outputs(recorder, args, console)
 
 
 if __name__ == "__main__":

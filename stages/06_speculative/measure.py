@@ -4,12 +4,14 @@ one request's k + 1 rows cost what its one row costs. Once enough requests fill 
 real work, and speculation stops paying: the crossover, measured here, not assumed."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.table import Table
 
+from common.paths import cpu_identity
 from common.prepare import resolve_model
 from common.config import ModelConfig
 from common.loader import parse_dtype
@@ -56,11 +58,15 @@ def engines(args, in_flight: int):
     return base, spec
 
 
-def run_one(base, spec, workload: str, in_flight: int, args) -> Row:
+def run_one(base, spec, workload: str, in_flight: int, args, recorder=None) -> Row:
     n = max(args.num_requests, in_flight)
     prompts, params = build(workload, spec.tokenizer, n, args.max_tokens)
     expected = base.generate(prompts, params)
+    if recorder is not None:  # the X-ray (--xray/--trace): stage 06's steps, drafts kept and rejected
+        recorder.begin_run(f"06 {workload}, {in_flight} in flight", {"requests": n, "max_num_seqs": in_flight})
     got = spec.generate(prompts, params)
+    if recorder is not None:
+        recorder.end_run(write=False)
     same = [o.token_ids for o in got] == [o.token_ids for o in expected]
     s = spec.spec_stats
     return Row(workload, in_flight, n, base.stats.output_tokens_per_s, spec.stats.output_tokens_per_s,
@@ -68,18 +74,26 @@ def run_one(base, spec, workload: str, in_flight: int, args) -> Row:
                s.tokens_per_step())
 
 
-def measure(args, console: Console) -> list[Row]:
+def measure(args, console: Console, recorder=None) -> list[Row]:
     rows, start = [], time.perf_counter()
     for in_flight in args.in_flight:
         base, spec = engines(args, in_flight)
+        if recorder is not None:
+            spec.add_observer(recorder)
         if not rows:
             console.print(f"[bold]engine:[/] {spec.describe()}")
         for workload in args.workloads:
-            rows.append(run_one(base, spec, workload, in_flight, args))
+            rows.append(run_one(base, spec, workload, in_flight, args, recorder))
             console.print(f"  {workload} at {in_flight} in flight: {rows[-1].speedup:.2f}x "
                           f"({time.perf_counter() - start:.0f} s)")
         del base, spec
     return rows
+
+
+def machine_name() -> str:
+    """The CPU the figures were taken on (they hold for it alone): its model name and core count."""
+    model = next((line.split(":", 1)[1].strip() for line in cpu_identity().splitlines() if ":" in line), "a CPU")
+    return f"{model}, {os.cpu_count()} cores"
 
 
 def table(rows: list[Row], title: str) -> Table:
@@ -113,7 +127,7 @@ def crossover(rows: list[Row], workload: str) -> str:
 
 def report(rows: list[Row], args, console: Console) -> None:
     console.print(table(rows, f"stage 05 vs stage 06 ({args.speculative_config}), {args.model}, {args.dtype}, "
-                              f"up to {args.max_tokens} new tokens, greedy; shared machine"))
+                              f"up to {args.max_tokens} new tokens, greedy; {machine_name()}"))
     for workload in args.workloads:
         mine = [r for r in rows if r.workload == workload]
         first = mine[0]

@@ -12,19 +12,21 @@ import importlib
 from rich.console import Console
 from rich.table import Table
 
+from common.paths import DEFAULT_MODEL
 from common.sampling import SamplingParams
 from common.validate import InvalidParam
 from stages.cli import device_arg
+from stages.xray import cli as xray
 
 from .bench import chat_ids, mask_cost, run_suite, summary, time_per_token
-from .engine import LLM, previous
+from .engine import LLM
 from .suite import CASES
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("command", nargs="?", default="demo", choices=["demo", "serve"])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto", type=device_arg)
     ap.add_argument("--max-num-seqs", type=int, default=64)
@@ -36,6 +38,7 @@ def main(argv=None) -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--api-key", default=None)
+    xray.add_arguments(ap)  # demo: the schema suite's runs with forced tokens
     args = ap.parse_args(argv)
     try:
         llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
@@ -43,22 +46,31 @@ def main(argv=None) -> None:
     except InvalidParam as e:
         raise SystemExit(f"error: {e}") from None
     if args.command == "serve":
-        shutdown = importlib.import_module(previous.__name__ + ".server.shutdown")
+        shutdown = importlib.import_module("stages.05_streaming.server.shutdown")  # stage 05's server
         try:
             shutdown.serve(llm, args.host, args.port, args.served_model_name or args.model, api_key=args.api_key)
         finally:
             llm.shutdown()
         return
-    demo(llm, args, Console())
+    recorder = xray.recorder(args, {"model": args.model, "workload": "schema suite"})
+    demo(llm, args, Console(), recorder)
+    if recorder is not None:
+        xray.write_outputs(recorder, args)
 
 
-def demo(llm, args, console: Console) -> None:
+def demo(llm, args, console: Console, recorder=None) -> None:
     console.print(f"[bold]stage 07[/] on {args.model}, {args.dtype}: the schema suite, {len(CASES)} requests")
     for compact in (False, True):
         llm.engine.scheduler.max_forced = 0
         plain = run_suite(llm, args.max_tokens, compact)
         llm.engine.scheduler.max_forced = args.num_forced_tokens
+        if recorder is not None:  # the X-ray (--xray/--trace): the suite with forced tokens, step by step
+            llm.add_observer(recorder)
+            recorder.begin_run("07 compact JSON" if compact else "07 JSON", {"requests": len(CASES)})
         forced = run_suite(llm, args.max_tokens, compact)
+        if recorder is not None:
+            recorder.end_run(write=False)
+            llm.remove_observer(recorder)
         same = [o.token_ids for o in plain.outputs] == [o.token_ids for o in forced.outputs]
         label = "compact JSON (disable_any_whitespace)" if compact else "JSON with free whitespace (vLLM's default)"
         table = Table(title=label)
