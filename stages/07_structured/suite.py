@@ -73,8 +73,8 @@ PROMPTS = {
     "defs": "Describe a person and their pet as JSON.",
 }
 OTHERS = [  # (name, prompt, structured_outputs)
-    ("json_object", "Give the Eiffel Tower's name and height in meters as a JSON object with two keys.",
-     {"json_object": True}),
+    ("json_object", "Give the Eiffel Tower's name and height in meters as a JSON object with two keys, \"name\" and "
+                    "\"height\".", {"json_object": True}),
     ("yes_no", "Is the sky blue? Answer yes or no.", {"choice": ["yes", "no"]}),
     ("capital_choice", "What is the capital of France?", {"choice": ["Paris", "London", "Berlin", "Madrid"]}),
     ("sentiment_choice", "Sentiment of 'This movie was terrible'?", {"choice": ["positive", "negative", "neutral"]}),
