@@ -282,3 +282,20 @@ def test_structured_outputs_params_take_one_constraint():
             SamplingParams(structured_outputs=bad)
         assert e.value.param == "structured_outputs"
     assert SamplingParams(structured_outputs={"json": json.dumps(COMPACT)}).structured_outputs.schema == COMPACT
+
+
+@pytest.mark.parametrize("vocab", [49152, 1000, 33])
+def test_the_mask_on_a_row_bans_exactly_the_tokens_whose_bit_is_zero(vocab):
+    """apply_bitmask (xgrammar's kernel on the CPU) against its spelled-out form and against each bit read alone."""
+    import torch
+    constraint = importlib.import_module("stages.07_structured.constraint")
+    rng = np.random.default_rng(vocab)
+    words = rng.integers(-2**31, 2**31, size=(vocab + 31) // 32, dtype=np.int64).astype(np.int32)
+    row = torch.randn(vocab)
+    fast, slow = row.clone(), row.clone()
+    constraint.apply_bitmask(fast, words)
+    constraint.apply_bitmask_unpacked(slow, words)
+    allowed = [bool(int(words[t // 32]) >> (t % 32) & 1) for t in range(vocab)]
+    assert torch.equal(fast, slow)
+    assert [bool(torch.isfinite(fast[t])) for t in range(vocab)] == allowed
+    assert torch.equal(fast[torch.tensor(allowed)], row[torch.tensor(allowed)])

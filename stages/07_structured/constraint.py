@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import torch
+import xgrammar as xgr
 
 from common.processors import LogitsProcessor
 
@@ -25,14 +26,19 @@ KEEP_BEHIND = 64  # masks kept for positions already passed: a rollback never go
 
 def apply_bitmask(row: torch.Tensor, words: np.ndarray) -> None:
     """Set to -inf, in place, every logit whose bit is 0 in ``words`` (bit i of int32 word j: token 32 j + i).
-    One unpack and one masked copy over the row: about 49,152 bytes each for SmolLM2's vocabulary."""
-    n = row.numel()
+
+    On the CPU, xgrammar's own kernel (the one vLLM calls) reads the bits where they lie; it is about twice as
+    fast as unpacking them to a byte per token first. Written out, it is ``apply_bitmask_unpacked``."""
     if row.device.type == "cpu":
-        banned = np.unpackbits((~words).view(np.uint8), count=n, bitorder="little").view(np.bool_)
-        np.copyto(row.numpy(), -np.inf, where=banned)
+        xgr.apply_token_bitmask_inplace(row.unsqueeze(0), torch.from_numpy(words).unsqueeze(0))
     else:
-        keep = np.unpackbits(words.view(np.uint8), count=n, bitorder="little")
-        row.masked_fill_(torch.from_numpy(keep).to(row.device) == 0, float("-inf"))
+        apply_bitmask_unpacked(row, words)
+
+
+def apply_bitmask_unpacked(row: torch.Tensor, words: np.ndarray) -> None:
+    """The same, spelled out: one byte per token (a 0 bans it), then one masked fill of the row."""
+    keep = np.unpackbits(words.view(np.uint8), count=row.numel(), bitorder="little")
+    row.masked_fill_(torch.from_numpy(keep).to(row.device) == 0, float("-inf"))
 
 
 def single_token(words: np.ndarray) -> int | None:
