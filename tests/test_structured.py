@@ -286,7 +286,7 @@ def test_structured_outputs_params_take_one_constraint():
 
 @pytest.mark.parametrize("vocab", [49152, 1000, 33])
 def test_the_mask_on_a_row_bans_exactly_the_tokens_whose_bit_is_zero(vocab):
-    """apply_bitmask (xgrammar's kernel on the CPU) against its spelled-out form and against each bit read alone."""
+    """apply_bitmask (a table of biases added on the CPU) against its spelled-out form and each bit read alone."""
     import torch
     constraint = importlib.import_module("stages.07_structured.constraint")
     rng = np.random.default_rng(vocab)

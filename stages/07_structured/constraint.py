@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 import torch
-import xgrammar as xgr
 
 from common.processors import LogitsProcessor
 
@@ -24,13 +23,19 @@ from .fsm import pack
 KEEP_BEHIND = 64  # masks kept for positions already passed: a rollback never goes further back than a step's drafts
 
 
+# Each of a byte's 256 values as 8 additive biases, bit i -> entry i: 0.0 where the token is allowed, -inf where not.
+BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1, 0.0, -np.inf).astype(np.float32)
+
+
 def apply_bitmask(row: torch.Tensor, words: np.ndarray) -> None:
     """Set to -inf, in place, every logit whose bit is 0 in ``words`` (bit i of int32 word j: token 32 j + i).
 
-    On the CPU, xgrammar's own kernel (the one vLLM calls) reads the bits where they lie; it is about twice as
-    fast as unpacking them to a byte per token first. Written out, it is ``apply_bitmask_unpacked``."""
+    On the CPU each byte of the mask is looked up as 8 biases and the biases are added to the row (x + 0 = x,
+    x + -inf = -inf): one table lookup and one add over the row, with no branch per token, about a third of the
+    time of unpacking a byte per token and a masked fill (``apply_bitmask_unpacked``; both give the same row)."""
     if row.device.type == "cpu":
-        xgr.apply_token_bitmask_inplace(row.unsqueeze(0), torch.from_numpy(words).unsqueeze(0))
+        bias = np.take(BYTE_BIAS, words.view(np.uint8), axis=0).reshape(-1)[:row.numel()]
+        np.add(row.numpy(), bias, out=row.numpy())
     else:
         apply_bitmask_unpacked(row, words)
 
