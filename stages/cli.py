@@ -17,7 +17,8 @@ from stages.xray import cli as xray
 
 STAGE_NAMES = {"stages.01_static_batch": "01 static", "stages.02_continuous_batch": "02 continuous",
                "stages.03_paged_kv": "03 paged", "stages.04_kernels": "04 kernels",
-               "stages.05_streaming": "05 streaming", "stages.06_speculative": "06 speculative"}
+               "stages.05_streaming": "05 streaming", "stages.06_speculative": "06 speculative",
+               "stages.07_structured": "07 structured"}
 
 
 def device_arg(text: str) -> str:

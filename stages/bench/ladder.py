@@ -45,7 +45,7 @@ def rounds_arg(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = parser(__doc__)
     ap.set_defaults(num_requests=128, max_tokens=128, max_num_seqs=32)
-    ap.add_argument("--stages", default="01,02,03,04,05", help="which stages to run, e.g. 01,03")
+    ap.add_argument("--stages", default="01,02,03,04,05,06,07", help="which stages to run, e.g. 01,03")
     ap.add_argument("--in-flight", default=None, help="several max_num_seqs to run the stages at, e.g. 32,64")
     ap.add_argument("--rounds", type=rounds_arg, default=1,
                     help="run the stages this many times, interleaved, and keep each one's median run "

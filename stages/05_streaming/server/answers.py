@@ -69,7 +69,7 @@ async def stream_events(tokenizer, streams: list[RequestStream], head: dict, cha
     """The response body of a streaming request: `chunk_events` (events.py) over the annotated chunks."""
     async with aclosing(annotated(tokenizer, streams, chat, echo, ids)) as chunks:  # closed: its readers stop
         async for event in chunk_events(chunks, head, chat, include_usage, len(ids)):
-            yield with_details(event, prediction_details(streams)) if include_usage else event
+            yield with_details(event, lambda: prediction_details(streams)) if include_usage else event
 
 
 async def collect(request: Request, streams: list[RequestStream]):

@@ -90,14 +90,16 @@ def prediction_details(streams) -> dict | None:
             "rejected_prediction_tokens": sum(seq.num_drafted_tokens for seq in seqs) - accepted}
 
 
-def with_details(event: str, details: dict | None) -> str:
-    """A streamed usage chunk (``choices: []``) with completion_tokens_details added; other events unchanged."""
-    if details is None or not event.startswith('data: {') or '"usage": {' not in event:
+def with_details(event: str, details) -> str:
+    """A streamed usage chunk (``choices: []``) with completion_tokens_details (``details()``, asked for only on
+    that chunk) added; other events unchanged."""
+    if not event.startswith('data: {') or '"usage": {' not in event:
         return event
     data = json.loads(event[len("data: "):])
-    if data.get("choices") != [] or "usage" not in data:
+    found = details() if data.get("choices") == [] and "usage" in data else None
+    if found is None:
         return event
-    data["usage"]["completion_tokens_details"] = details
+    data["usage"]["completion_tokens_details"] = found
     return sse(data)
 
 
