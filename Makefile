@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test test-fast lint native-check bench bench-serve aiperf mutants setup model clean vllm-venv chromium
+.PHONY: demo test test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium
 
 setup: $(DEPS)
 
@@ -47,6 +47,10 @@ chromium:
 # missing); every build must pass and give the same hash of its outputs.
 native-check:
 	bash common/numerics/native/test/run.sh
+
+# The portable linear timed alone (test/linear_bench.cpp, no torch) against this core's multiply-add peak.
+native-bench:
+	bash common/numerics/native/test/run.sh bench
 
 # The benchmark ladder with its baselines and peers (stages/bench/peers.py), each engine alone on the machine in
 # turn: `make bench-peers` first (a peer that does not build is a note in the ladder, which goes on), then

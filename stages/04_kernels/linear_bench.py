@@ -14,6 +14,10 @@ Checked: whether each gives the bits of the portable kernel's definition (``comm
 on 4 rows), whether a row's bits alone equal its bits in a call of 64 rows, and the largest difference from the
 reference. Timed: µs per call at 1, 8 and 64 rows, the fastest of 5; a layer's linears are called on 30 copies in
 turn (SmolLM2's 30 layers), so that their weights come from memory as in a decode step, and the time is per layer.
+Two more columns place each time on the roofline: at 1 row a linear reads each weight once for two flops, so what
+bounds it is memory (GB/s: the precision's weight bytes, 2, 1 or 0.625 a weight, over the time; compare the
+machine's read bandwidth); at 64 rows each weight read serves 64 rows, so what bounds it is arithmetic (GFLOP/s:
+compare the reference's, torch's float32 matmul on one copy, from cache).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from common.numerics.invariant import Linear, choose_row_tile
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q/k/v, o, gate/up, down
 HEAD = [(49152, 576)]
 LAYERS, ROWS, CHECK_ROWS = 30, (1, 8, 64), 4
+BYTES_PER_WEIGHT = {"bfloat16": 2.0, "int8": 1.0, "int4": 20 / 32}  # int4: Q4_1, a group of 32 in 20 bytes
 
 
 @contextmanager
@@ -114,6 +119,10 @@ def measure_op(kind: str, shapes: list, copies: int, gen: torch.Generator) -> li
         for rows in ROWS:
             calls = [lambda f=f, x=x: f(x) for fs in apply for f, x in zip(fs, inputs[rows])]
             row[f"µs, {rows} row{'s' if rows > 1 else ''}"] = time_us(calls) / used
+        weights_count = sum(o * i for o, i in shapes)
+        row["GB/s, 1 row"] = (weights_count * BYTES_PER_WEIGHT[kind] / row["µs, 1 row"] / 1e3 if choice is not None
+                              else None)  # the reference's weights come from cache
+        row["GFLOP/s, 64 rows"] = 2 * weights_count * 64 / row["µs, 64 rows"] / 1e3
         out.append(row)
         del apply
     return out
@@ -129,12 +138,13 @@ def main() -> list[dict]:
     table = Table(title=f"SmolLM2's linears on {os.cpu_count()} CPUs: a layer's 4 from memory (30 copies in turn), "
                         "and the LM head; µs per call, fastest of 5")
     columns = ["op", "version", "definition's bits", "alone = in a call", "max |diff|",
-               *(f"µs, {r} row{'s' if r > 1 else ''}" for r in ROWS)]
+               *(f"µs, {r} row{'s' if r > 1 else ''}" for r in ROWS), "GB/s, 1 row", "GFLOP/s, 64 rows"]
     for col in columns:
         table.add_column(col, justify="left" if col in ("op", "version") else "right")
     for r in rows:
         table.add_row(r["op"], r["version"], "yes" if r["definition's bits"] else "no",
                       "yes" if r["alone = in a call"] else "no", f"{r['max |diff|']:.2g}",
-                      *(f"{r[c]:,.0f}" for c in columns[5:]))
+                      *(f"{r[c]:,.0f}" for c in columns[5:-2]), f"{r['GB/s, 1 row']:.1f}" if r["GB/s, 1 row"] else "-",
+                      f"{r['GFLOP/s, 64 rows']:.1f}")
     Console(width=max(Console().width, 132)).print(table)
     return rows
