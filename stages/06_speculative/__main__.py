@@ -18,10 +18,8 @@ from common.validate import InvalidParam
 from stages.cli import device_arg
 from stages.xray import cli as xray
 
-from .config import STAGE_DEFAULT, SpeculativeConfig
+from .config import COMPARE_DEFAULT, STAGE_DEFAULT, SpeculativeConfig
 from .workloads import WORKLOADS
-
-DEFAULT_CONFIG = json.dumps(STAGE_DEFAULT)
 
 
 def int_list(text: str) -> list[int]:
@@ -57,8 +55,9 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--quantization", default=None, choices=["int8", "int4"])
     ap.add_argument("--device", default="auto", type=device_arg)
-    ap.add_argument("--speculative-config", type=speculative_config, default=DEFAULT_CONFIG,
-                    help=f"vLLM's keys as JSON (default {DEFAULT_CONFIG}); method 'draft_model' drafts with the "
+    ap.add_argument("--speculative-config", type=speculative_config, default=None,
+                    help=f"vLLM's keys as JSON (compare's default {json.dumps(COMPARE_DEFAULT)}, drafting at every "
+                         f"batch size; serve's {json.dumps(STAGE_DEFAULT)}); method 'draft_model' drafts with the "
                          f"int4 copy of the model")
     ap.add_argument("--workload", dest="workloads", type=workload_list, default=list(WORKLOADS),
                     help="compare: edit (with predictions), extract (n-gram), chat (where drafts seldom match)")
@@ -74,6 +73,8 @@ def main(argv=None) -> None:
     ap.add_argument("--api-key", default=os.environ.get("STEPWISE_API_KEY"))
     xray.add_arguments(ap)  # compare: stage 06's runs, one per workload and in-flight limit
     args = ap.parse_args(argv)
+    if args.speculative_config is None:
+        args.speculative_config = json.dumps(COMPARE_DEFAULT if args.command == "compare" else STAGE_DEFAULT)
     try:
         run(args)
     except InvalidParam as e:
