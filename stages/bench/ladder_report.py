@@ -81,5 +81,6 @@ def print_alone(console, alone: dict, read_bw: float, args) -> None:
                      f"{alone['decode tok/s'] / alone['HF batch 1 decode tok/s']:.2f}x" if not args.no_hf else ""))
     if "best stage" in alone:
         name, rate = alone["best stage"]
-        console.print(f"one request alone through {name} (one slot): decode {rate:.1f} tok/s" + "".join(
+        console.print(f"one request alone through {name} (one slot): decode {rate:.1f} tok/s = "
+                      f"{rate / alone['ceiling tok/s']:.0%} of the ceiling" + "".join(
             f"; {peers.ALONE[p]}: {r:.1f}" for p, r in alone["peers decode tok/s"].items()))
