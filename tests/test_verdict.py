@@ -49,3 +49,18 @@ def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "ladder.png"
     verdict.plot({**rows(100, 130, 140, 161, 161), "HF generate (batch 64)": {"output tok/s": 120.0}}, str(path), "t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_a_fall_within_the_rounds_spread_is_named_and_does_not_count():
+    """--rounds 2 keeps each stage's lower run: a stage whose best round beats its predecessor's worst fell only
+    with the machine's drift (05 and 04 here, as in an AVX2 run); one whose every round is slower fell for real."""
+    r = rows(100, 90, 140, 120, 130)
+    r["01 static"]["rounds"], r["02 continuous"]["rounds"] = [100, 110], [90, 95]  # 95 < 100: a real fall
+    r["03 paged"]["rounds"], r["04 kernels"]["rounds"] = [140, 150], [120, 145]  # 145 >= 140: drift
+    ok, text = verdict.verdict(r)
+    assert not ok and "does not climb everywhere: 02 continuous is 0.90x 01 static;" in text
+    assert "within the rounds' spread: 04 kernels is 0.86x 03 paged (rounds 120.0-145.0 against 140.0-150.0" in text
+    r["02 continuous"]["rounds"] = [90, 105]
+    ok, text = verdict.verdict(r)
+    assert ok and "every stage is at least as fast as the one before it; within the rounds' spread: 02" in text
+    assert "07 structured" in verdict.STAGE_ORDER

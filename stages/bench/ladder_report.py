@@ -28,9 +28,10 @@ def print_table(console: Console, lad, columns: dict, same: dict) -> None:
     for name in columns:
         table.add_column(name, justify="right")
     stage_rows = [r for ran in lad.stage_runs.values() for r in ran.values()]
-    metrics = [m for m in stage_rows[0] if m != "engine"]
+    hidden = ("engine", "rounds")  # the name heads its column; "rounds tok/s" shows the rounds
+    metrics = [m for m in stage_rows[0] if m not in hidden]
     others = [r for at in lad.peer_runs.values() for r in at.values()] + list(lad.baselines.values())
-    metrics += [m for b in others for m in b if m not in metrics and m != "engine"]
+    metrics += [m for b in others for m in b if m not in metrics and m not in hidden]
     for m in metrics:
         table.add_row(m, *(format_value(m, c[m]) if m in c else "-" for c in columns.values()))
     table.add_row("same tokens as first stage", *(("yes" if same[n] else "NO") if n in same else "-" for n in columns))

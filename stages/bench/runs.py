@@ -39,6 +39,7 @@ def median_run(runs: list[dict]) -> dict:
     row = dict(middle, tokens=middle["tokens"] if all(r["tokens"] == middle["tokens"] for r in runs) else None)
     if len(runs) > 1:
         row["rounds tok/s"] = " / ".join(f"{r['output tok/s']:.1f}" for r in runs)
+        row["rounds"] = [r["output tok/s"] for r in runs]  # the verdict's spread
     return row
 
 
