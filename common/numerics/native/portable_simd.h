@@ -69,6 +69,12 @@ inline V8 code(Codes c) {
   const __m256i shifted = T ? _mm256_srli_epi32(c.u, 4 * T) : c.u;
   return _mm256_cvtepi32_ps(T == 7 ? shifted : _mm256_and_si256(shifted, _mm256_set1_epi32(15)));
 }
+// Code T times 16^T, masked in place (no shift), for T < 7; code 7 (the top nibble) shifted down, unscaled.
+template <int T>
+inline V8 code_scaled(Codes c) {
+  if constexpr (T == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(c.u, 28));
+  else return _mm256_cvtepi32_ps(_mm256_and_si256(c.u, _mm256_set1_epi32(15 << (4 * T))));
+}
 
 #elif defined(STEPWISE_PORTABLE_NEON)
 constexpr const char* ISA = "NEON";
@@ -102,6 +108,12 @@ inline V8 code(Codes c) {
   else return {vcvtq_f32_u32(vandq_u32(vshrq_n_u32(c.lo, 4 * T), fifteen)),
                vcvtq_f32_u32(vandq_u32(vshrq_n_u32(c.hi, 4 * T), fifteen))};
 }
+template <int T>
+inline V8 code_scaled(Codes c) {
+  if constexpr (T == 7) return {vcvtq_f32_u32(vshrq_n_u32(c.lo, 28)), vcvtq_f32_u32(vshrq_n_u32(c.hi, 28))};
+  const uint32x4_t mask = vdupq_n_u32(15u << (4 * T));
+  return {vcvtq_f32_u32(vandq_u32(c.lo, mask)), vcvtq_f32_u32(vandq_u32(c.hi, mask))};
+}
 
 #else
 constexpr const char* ISA = "scalar";
@@ -125,6 +137,12 @@ inline Codes load_codes(const uint8_t* p) {
 }
 template <int T>
 inline V8 code(Codes c) { V8 r; for (int i = 0; i < 8; ++i) r.v[i] = static_cast<float>((c.u[i] >> (4 * T)) & 15); return r; }
+template <int T>
+inline V8 code_scaled(Codes c) {
+  V8 r;
+  for (int i = 0; i < 8; ++i) r.v[i] = static_cast<float>(T == 7 ? c.u[i] >> 28 : c.u[i] & (15u << (4 * T)));
+  return r;
+}
 #endif
 
 inline void prefetch(const void* p) {
