@@ -11,7 +11,7 @@ from common.numerics import native
 
 bench = importlib.import_module("stages.04_kernels.linear_bench")
 
-SHAPES = [(48, 64), (32, 96)]  # small, in whole blocks of 16 outputs and groups of 32 inputs (the int kernels need them)
+SHAPES = [(48, 64), (32, 96)]  # small, in whole blocks of 16 outputs and groups of 32 inputs (as int kernels need)
 
 
 @pytest.mark.parametrize("kind", ["bfloat16", "int8", "int4"])

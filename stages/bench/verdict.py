@@ -13,7 +13,8 @@ def climb(rows: dict[str, dict]) -> list[tuple[str, str, float]]:
 
 def within_spread(rows: dict[str, dict], stage: str, before: str) -> str | None:
     """Where both stages ran several rounds (``--rounds``) and their ranges overlap (``stage``'s best round at least
-    ``before``'s worst), the fall of their kept runs is the machine's drift, not the stage: the two ranges, else None."""
+    ``before``'s worst), the fall of their kept runs is the machine's drift, not the stage's: the two ranges, else
+    None."""
     a, b = rows[before].get("rounds"), rows[stage].get("rounds")
     if not a or not b or max(b) < min(a):
         return None
