@@ -80,8 +80,12 @@ def test_the_fake_runner_leaves_processes_behind_when_only_it_is_ended(runner, t
 def test_an_interrupted_vllm_peer_leaves_nothing_running(runner, tmp_path, signum):
     """The ladder's vLLM peer (`run_vllm`), its runner replaced by the fake, interrupted mid-run."""
     driver = textwrap.dedent(f"""
+        import signal
         from pathlib import Path
         from stages.bench import children, peer_vllm
+        # Ctrl-C as in a terminal: a suite started in the background by a non-interactive shell (nohup ... &)
+        # hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt (this test hung so)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         children.GRACE_S = 1.0
         peer_vllm.VENV = Path({str(tmp_path / "no-venv")!r})
         peer_vllm.run_vllm({{"prompts": [[1]]}}, python={sys.executable!r}, runner={str(runner)!r})
