@@ -319,22 +319,19 @@ inline void linear_blocks_direct(const Problem& p, int64_t b0, int64_t b1) {
 // top nibble, is shifted down instead), and input T of each run of 8 arrives scaled by 2^-4T: the product
 // x 2^-4T * q 16^T is the real number x q, so every fma rounds exactly as the chain above states, with one
 // instruction fewer for six codes in eight. Exact while the scaling loses no bit of x: every input zero or at
-// least 2^-100 in magnitude (`scalable`); a call with a smaller one (or a NaN) takes the widened path, which
-// multiplies the codes as they are.
+// least 2^-100 in magnitude; `scale_inputs` finds one smaller (or a NaN) in the same pass and says no, and the call
+// takes the widened path, which multiplies the codes as they are.
 constexpr float SCALABLE_MIN = 0x1p-100f;
-inline bool scalable(const Problem& p) {
+inline bool scale_inputs(const Problem& p, std::vector<float>& xs) {
+  static constexpr float by[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
+  xs.resize(p.m * p.kp);
   for (int64_t r = 0; r < p.m; ++r)
     for (int64_t i = 0; i < p.kp; ++i) {
       const float x = p.x[r * p.ldx + i];
       if (x != 0.0f && !(std::fabs(x) >= SCALABLE_MIN)) return false;
+      xs[r * p.kp + i] = x * by[i % 8];
     }
   return true;
-}
-inline void scale_inputs(const Problem& p, std::vector<float>& xs) {
-  static constexpr float by[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
-  xs.resize(p.m * p.kp);
-  for (int64_t r = 0; r < p.m; ++r)
-    for (int64_t i = 0; i < p.kp; ++i) xs[r * p.kp + i] = p.x[r * p.ldx + i] * by[i % 8];
 }
 
 // From this many rows an int4 call widens each block once and runs float32 chains over it (`linear_blocks_wide`);
@@ -346,9 +343,8 @@ constexpr int64_t INT4_WIDE_ROWS = 3;
 inline void linear_blocks(const Problem& p, int64_t b0, int64_t b1) {
   if (p.kind == Kind::int8 && p.m > MAX_ROWS) return linear_blocks_wide(p, b0, b1);
   if (p.kind == Kind::int4) {
-    if (p.m >= INT4_WIDE_ROWS || !scalable(p)) return linear_blocks_wide(p, b0, b1);
-    thread_local std::vector<float> xs;
-    scale_inputs(p, xs);
+    thread_local std::vector<float> xs;  // each thread scales the one or two rows itself: a few µs, no barrier
+    if (p.m >= INT4_WIDE_ROWS || !scale_inputs(p, xs)) return linear_blocks_wide(p, b0, b1);
     Problem scaled = p;
     scaled.x = xs.data(), scaled.ldx = p.kp;
     return linear_blocks_direct(scaled, b0, b1);
