@@ -186,6 +186,9 @@ def test_rollback_after_a_rejected_draft_leaves_the_matcher_where_one_at_a_time_
     ({"json": {"type": "string", "pattern": "a(?=b)"}}, "Lookahead is not supported"),
     ({"json": {"type": "bogus"}}, 'Unsupported type "bogus"'),
     ({"json": {"type": "string", "minLength": 3, "maxLength": 1}}, "minLength 3 is greater than maxLength 1"),
+    ({"json": {"type": "string", "format": "email", "maxLength": 40}}, "beside a format are not enforced"),
+    ({"json": {"type": "object", "properties": {"k": {"type": "string", "pattern": "^a+$", "minLength": 2}}}},
+     "minLength/maxLength at $.properties.k beside a pattern"),
     ({"regex": "a(?=b)"}, "Lookahead is not supported"),
     ({"grammar": "root ::= "}, "xgrammar cannot compile it"),
 ])
@@ -218,6 +221,15 @@ def test_every_keyword_the_check_lets_through_is_enforced_by_xgrammar(grammars, 
     assert keys <= importlib.import_module("stages.07_structured.schema_check").ENFORCED
     matcher = grammars.compile(StructuredOutputsParams(json=schema), "xgrammar").matcher().m
     assert not (matcher.accept_string(bad) and matcher.is_completed())
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "format": "email", "maxLength": 8},
+                                    {"type": "string", "pattern": "^[a-z@.]+$", "maxLength": 8}])
+def test_xgrammar_drops_a_length_beside_a_pattern_or_a_format_which_is_why_the_check_refuses_it(grammars, schema):
+    """The refusal above rests on this: compiled without the check, the 8-character bound is gone (a 19-character
+    address completes the grammar). If a newer xgrammar enforces it, this fails and the refusal can go."""
+    m = xgr.GrammarMatcher(grammars.compiler.compile_json_schema(json.dumps(schema)))
+    assert m.accept_string('"someone@example.org"') and m.is_completed()
 
 
 def test_other_stages_refuse_a_constraint_rather_than_ignore_it():

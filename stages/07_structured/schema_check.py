@@ -2,8 +2,10 @@
 
 xgrammar compiles a schema with a keyword it does not enforce (``uniqueItems``, ``not``, ``allOf``, ``if``, an
 unknown ``format``) without a word, and the output may then break the schema: "every output validates" would be
-false. So a schema is read first and a keyword outside this list is refused by name and place, the way vLLM refuses
-the features xgrammar lacks. Each enforced keyword was checked against xgrammar 0.2.9 (tests/test_structured.py).
+false. It also drops ``minLength``/``maxLength`` beside a ``pattern`` or a ``format`` (a log line, no error), so an
+email with ``maxLength: 40`` could run on until ``max_tokens``. So a schema is read first and a keyword outside
+this list, or such a pair, is refused by name and place, the way vLLM refuses the features xgrammar lacks.
+Each enforced keyword was checked against xgrammar 0.2.9 (tests/test_structured.py).
 """
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ def unsupported_keywords(schema, compiler=None, path: str = "$") -> list[str]:
         elif key == "format" and value not in FORMATS:
             problems.append(f"the format {value!r} at {path} is not enforced by xgrammar; it enforces "
                             f"{', '.join(sorted(FORMATS))}")
+        elif key in ("pattern", "format") and {"minLength", "maxLength"} & schema.keys():
+            problems.append(f"minLength/maxLength at {path} beside a {key} are not enforced by xgrammar (it keeps the "
+                            f"{key} and drops the length): bound the length inside a pattern instead, e.g. "
+                            f"[a-z]{{1,40}}")
         elif key == "multipleOf" and schema.get("type") != "integer":
             problems.append(f"multipleOf at {path} is enforced by xgrammar on integers only")
         elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
