@@ -176,6 +176,27 @@ def test_the_portable_kernel_runs_where_no_avx512_kernel_does(monkeypatch):
         assert linear.backend == f"{PORTABLE} kernel (stepwise)" and not linear.widen and linear.weight_t is None
 
 
+def test_float32_weights_take_the_portable_kernel_whichever_kernel_bfloat16_takes(monkeypatch):
+    """AMX and the AVX-512 kernels read bfloat16 only; float32 weights run the portable kernel on every CPU where
+    linear.cpp built (they fell to torch.mm, padded to a row tile, on AVX-512 machines), with the definition's
+    bits (linear_reference.dense) alone and in a call of 40 rows."""
+    monkeypatch.delenv("STEPWISE_LINEAR", raising=False)
+    if not BUILT:
+        pytest.skip("linear.cpp did not build here")
+    assert native.float32_kernel() == PORTABLE
+    gen = torch.Generator().manual_seed(5)
+    w, x = torch.randn(80, 64, generator=gen) / 8, torch.randn(40, 64, generator=gen)
+    linear = Linear(w)
+    assert linear.backend == f"{PORTABLE} kernel (stepwise)" and linear.weight_t is None
+    expected = reference.dense(x, w, torch.float32)
+    assert torch.equal(linear.matmul(x), expected)
+    assert torch.equal(torch.cat([linear.matmul(x[r:r + 1]) for r in range(40)]), expected)
+    bf16 = Linear(w.bfloat16())
+    assert bf16.backend == f"{native.linear_kernel()} kernel (stepwise)"  # bfloat16 keeps this CPU's fastest
+    monkeypatch.setenv("STEPWISE_LINEAR", "torch")
+    assert native.float32_kernel() is None and "torch" in Linear(w).backend
+
+
 def test_int8_holds_torchs_weights_and_matches_its_kernel_within_rounding(kernel):
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(3072, 576, generator=gen) * 0.05

@@ -21,13 +21,14 @@ any deterministic kernel, at the price of padding.
 
 On a CPU with Intel AMX, or with AVX-512 and its BF16 extension, a bfloat16 linear is our own kernel
 (``common/numerics/native/linear.cpp``, ``linear_avx512.h``): each output's sum over the input features runs in one
-fixed order by construction, so a row keeps its bits in a call of any size, and it streams one request's
-weights faster than oneDNN does. On any other CPU (AVX2, ARM) bfloat16 and float32 linears run our portable kernel
-(``linear_portable.h``), built on the same idea and giving the AVX-512 FMA kernel's bits: no padding to a tile and
-no widening of bfloat16 weights there. Only where none of ours built (or in plain mode) does torch run: in
-bfloat16 the weight prepacked once into oneDNN's blocked layout (what ``torch.compile``'s freezing does), which
-skips the re-layout of the whole weight that a plain ``torch.mm`` does on every call, where oneDNN packs bfloat16
-(AVX-512), else ``torch.mm``. docs/native-kernels.md has the measurements.
+fixed order by construction, so a row keeps its bits in a call of any size, and it streams one request's weights
+faster than oneDNN does. On any other CPU (AVX2, ARM) bfloat16 linears run our portable kernel
+(``linear_portable.h``), built on the same idea and giving the AVX-512 FMA kernel's bits: no padding to a tile and no
+widening of bfloat16 weights there; float32 linears run it on every CPU where it builds (the others read bfloat16
+only). Only where none of ours built (or in plain mode) does torch run: in bfloat16 the weight prepacked once into
+oneDNN's blocked layout (what ``torch.compile``'s freezing does), which skips the re-layout of the whole weight that
+a plain ``torch.mm`` does on every call, where oneDNN packs bfloat16 (AVX-512), else ``torch.mm``.
+docs/native-kernels.md has the measurements.
 """
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ class Linear(RowTiled):
         self.nbytes = weight.numel() * weight.element_size()
         self.plain = plain
         self.packed = self.ours = self.weight_t = None
-        kernel = None if plain or weight.device.type != "cpu" else native.linear_kernel()
+        kernel = None if plain or weight.device.type != "cpu" else \
+            native.float32_kernel() if weight.dtype == torch.float32 else native.linear_kernel()
         portable = runs_portable(kernel, weight.device, weight.dtype)
         self.widen = not portable and widens_bf16(weight.device, weight.dtype)
         if portable or (kernel and uses_packed_bf16(weight.device, weight.dtype)):  # ours

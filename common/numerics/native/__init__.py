@@ -119,6 +119,16 @@ def int4_kernel() -> str | None:
     return kernel if kernel in (None, "AMX") or is_portable(kernel) else "AVX-512 BF16"
 
 
+def float32_kernel() -> str | None:
+    """Which of our kernels runs float32 weights: the portable one wherever linear.cpp built, whichever kernel the
+    16-bit linears take (AMX and the AVX-512 kernels read bfloat16 only, and float32 would otherwise fall to
+    ``torch.mm`` padded to a row tile), else None: torch's. ``STEPWISE_LINEAR=torch`` keeps it torch's."""
+    kernel = linear_kernel()
+    if kernel is None or is_portable(kernel):
+        return kernel
+    return f"portable {kernels(LINEAR_SOURCE).portable_isa()}"
+
+
 def amx_linear_ready() -> bool:
     """Whether linears run on the AMX kernel (the only one of ours that takes int4)."""
     return linear_kernel() == "AMX"
