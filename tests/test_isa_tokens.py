@@ -1,0 +1,74 @@
+"""One machine, two builds of every native kernel, the same tokens and log-probabilities.
+
+tests/test_native_linear.py checks one linear's bits per kernel, and `make native-check` hashes the kernels alone on
+three ISAs; this checks the whole engine the way a learner's laptop would run it. Stage 04 (our linears, the
+attention, the fused element-wise kernels) generates on the tiny model in every precision twice, each in a fresh
+process: once built natively, once built by the same compiler for a narrower instruction set (AVX2 + FMA, a laptop's,
+where this CPU has AVX-512; the scalar path where it has only AVX2). Both must give the same tokens, greedy and
+sampled, and the same log-probabilities to the bit: on this random model a token rarely turns on a last bit, a
+log-probability always shows it (the AVX-512 BF16 kernel's differ from the FMA kernel's here). Where this CPU has the
+AVX-512 kernels, the native run takes "AVX-512 FMA" (the kernel the portable one reproduces); "AVX-512 BF16" and AMX
+sum in another order by design.
+"""
+import json
+import os
+import platform
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.numerics import native
+
+pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not native.load(native.LINEAR_SOURCE),
+                                reason="x86 with a compiler that builds linear.cpp")
+ROOT = Path(__file__).resolve().parents[1]
+AVX512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
+NARROWER = "-march=haswell" if AVX512 else "-march=x86-64"  # AVX2 + FMA + F16C, else SSE2: the scalar path
+GENERATE = """
+import importlib, json
+from common.numerics import native
+from common.sampling import SamplingParams
+kernels = importlib.import_module("stages.04_kernels")
+prompts = [[5 + i, 6, 7 + 2 * i, 9] * (1 + i % 3) for i in range(8)]
+params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)] * 4 + \\
+         [SamplingParams(temperature=0.9, top_p=0.9, seed=i, max_tokens=24, ignore_eos=True, logprobs=2)
+          for i in range(4)]
+out = {"kernels": [native.linear_kernel(), native.int4_kernel(), native.float32_kernel()]}
+for dtype, quant in (("float32", None), ("bfloat16", None), ("bfloat16", "int8"), ("bfloat16", "int4")):
+    llm = kernels.LLM("tiny", dtype=dtype, quantization=quant, max_num_seqs=4)
+    outs = llm.generate(prompts, params)
+    out[f"{dtype} {quant}"] = [o.token_ids for o in outs]
+    out[f"{dtype} {quant} logprobs"] = [repr(o.outputs[0].logprobs) for o in outs]
+    out[f"{dtype} {quant} path"] = llm.execution_path
+print(json.dumps(out))
+"""
+
+
+def generate(env: dict) -> dict:
+    result = subprocess.run([sys.executable, "-c", GENERATE], capture_output=True, text=True, cwd=ROOT, timeout=900,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_build_for_a_narrower_instruction_set_gives_the_same_tokens_and_logprobs(tmp_path, tiny_folder):
+    cxx = tmp_path / "cxx"  # the machine's compiler, with -march=native narrowed
+    cxx.write_text(f'#!/bin/sh\nfor a; do shift; [ "$a" = -march=native ] && a={NARROWER}; set -- "$@" "$a"; done\n'
+                   f'exec {os.environ.get("CXX", "c++")} "$@"\n')
+    cxx.chmod(cxx.stat().st_mode | stat.S_IEXEC)
+    home = tmp_path / "home"  # its own builds, and the tiny checkpoint the suite prepared
+    home.mkdir()
+    (home / Path(tiny_folder).name).symlink_to(tiny_folder)
+    ours = generate({"STEPWISE_LINEAR": "fma"} if AVX512 else {})
+    theirs = generate({"CXX": str(cxx), "STEPWISE_HOME": str(home), "STEPWISE_LINEAR": "auto"})
+    isa = "AVX2" if AVX512 else "scalar"
+    assert theirs["kernels"] == [f"portable {isa}"] * 3, theirs["kernels"]
+    assert ours["kernels"][0] == ("AVX-512 FMA" if AVX512 else "portable AVX2")
+    for key in ours:
+        if key.endswith("path"):
+            assert "fused CPU kernels" in ours[key] and "fused CPU kernels" in theirs[key], (ours[key], theirs[key])
+        elif key != "kernels":
+            assert ours[key] == theirs[key], key
