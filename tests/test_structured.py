@@ -25,6 +25,7 @@ xgr = pytest.importorskip("xgrammar")
 structured = importlib.import_module("stages.07_structured")
 backends = importlib.import_module("stages.07_structured.backends")
 fsm = importlib.import_module("stages.07_structured.fsm")
+unsupported_keywords = importlib.import_module("stages.07_structured.schema_check").unsupported_keywords
 suite = importlib.import_module("stages.07_structured.suite")
 kernels, streaming = importlib.import_module("stages.04_kernels"), importlib.import_module("stages.05_streaming")
 
@@ -189,6 +190,11 @@ def test_rollback_after_a_rejected_draft_leaves_the_matcher_where_one_at_a_time_
     ({"json": {"type": "string", "format": "email", "maxLength": 40}}, "beside a format are not enforced"),
     ({"json": {"type": "object", "properties": {"k": {"type": "string", "pattern": "^a+$", "minLength": 2}}}},
      "minLength/maxLength at $.properties.k beside a pattern"),
+    ({"json": {"type": "string", "format": "date", "pattern": "^2"}}, "pattern at $ beside a format"),
+    ({"json": {"type": "integer", "multipleOf": 2, "minimum": 0}}, "multipleOf at $ beside minimum"),
+    ({"json": {"enum": ["a", "bb"], "minLength": 2}}, "minLength at $ beside enum"),
+    ({"json": {"type": "string", "enum": ["a", 1]}}, "lists 1, which is not of type 'string'"),
+    ({"json": {"type": "integer", "const": True}}, "lists True, which is not of type 'integer'"),
     ({"regex": "a(?=b)"}, "Lookahead is not supported"),
     ({"grammar": "root ::= "}, "xgrammar cannot compile it"),
 ])
@@ -223,13 +229,23 @@ def test_every_keyword_the_check_lets_through_is_enforced_by_xgrammar(grammars, 
     assert not (matcher.accept_string(bad) and matcher.is_completed())
 
 
-@pytest.mark.parametrize("schema", [{"type": "string", "format": "email", "maxLength": 8},
-                                    {"type": "string", "pattern": "^[a-z@.]+$", "maxLength": 8}])
-def test_xgrammar_drops_a_length_beside_a_pattern_or_a_format_which_is_why_the_check_refuses_it(grammars, schema):
-    """The refusal above rests on this: compiled without the check, the 8-character bound is gone (a 19-character
-    address completes the grammar). If a newer xgrammar enforces it, this fails and the refusal can go."""
+@pytest.mark.parametrize("schema, breaking", [
+    ({"type": "string", "format": "email", "maxLength": 8}, '"someone@example.org"'),
+    ({"type": "string", "pattern": "^[a-z@.]+$", "maxLength": 8}, '"someone@example.org"'),
+    ({"type": "string", "format": "date", "pattern": "^2"}, '"1999-01-01"'),
+    ({"type": "integer", "multipleOf": 3, "minimum": 1}, "4"),
+    ({"type": "integer", "multipleOf": 2, "exclusiveMinimum": 0}, "3"),
+    ({"enum": ["a", "bb"], "minLength": 2}, '"a"'),
+    ({"enum": [1, 5], "maximum": 3}, "5"),
+    ({"type": "string", "enum": ["a", 1]}, "1"),
+])
+def test_xgrammar_drops_one_keyword_of_these_pairs_which_is_why_the_check_refuses_them(grammars, schema, breaking):
+    """The refusals above rest on this: compiled without the check, a value that breaks the schema completes the
+    grammar (the 8-character bound gone, the pattern, multipleOf, the length or range beside an enum, the type). If
+    a newer xgrammar enforces one, its case fails and that refusal can go."""
     m = xgr.GrammarMatcher(grammars.compiler.compile_json_schema(json.dumps(schema)))
-    assert m.accept_string('"someone@example.org"') and m.is_completed()
+    assert m.accept_string(breaking) and m.is_completed()
+    assert unsupported_keywords(schema)
 
 
 def test_other_stages_refuse_a_constraint_rather_than_ignore_it():

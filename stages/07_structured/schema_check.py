@@ -2,9 +2,11 @@
 
 xgrammar compiles a schema with a keyword it does not enforce (``uniqueItems``, ``not``, ``allOf``, ``if``, an
 unknown ``format``) without a word, and the output may then break the schema: "every output validates" would be
-false. It also drops ``minLength``/``maxLength`` beside a ``pattern`` or a ``format`` (a log line, no error), so an
-email with ``maxLength: 40`` could run on until ``max_tokens``. So a schema is read first and a keyword outside
-this list, or such a pair, is refused by name and place, the way vLLM refuses the features xgrammar lacks.
+false. Some pairs of enforced keywords lose one of the two, with a log line at most: ``minLength``/``maxLength`` beside
+a ``pattern`` or a ``format`` (an email with ``maxLength: 40`` could run on until ``max_tokens``), a ``pattern``
+beside a ``format``, ``multipleOf`` beside a range, and everything beside ``enum``/``const`` but the listed values
+(of any type). So a schema is read first and a keyword outside this list, or such a pair, is refused by name and
+place, the way vLLM refuses the features xgrammar lacks.
 Each enforced keyword was checked against xgrammar 0.2.9 (tests/test_structured.py).
 """
 from __future__ import annotations
@@ -20,6 +22,10 @@ FORMATS = {"email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "ho
 SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")  # name -> schema
 SUBSCHEMAS = ("items", "additionalProperties", "propertyNames")  # a schema (or a bool)
 SUBSCHEMA_LISTS = ("anyOf", "prefixItems")
+RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+BESIDE_VALUES = ENFORCED - {"type", "enum", "const", "$defs", "definitions"}  # dropped beside enum/const
+JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),),
+              "object": (dict,), "array": (list,)}
 
 
 def unsupported_keywords(schema, compiler=None, path: str = "$") -> list[str]:
@@ -43,8 +49,20 @@ def unsupported_keywords(schema, compiler=None, path: str = "$") -> list[str]:
             problems.append(f"minLength/maxLength at {path} beside a {key} are not enforced by xgrammar (it keeps the "
                             f"{key} and drops the length): bound the length inside a pattern instead, e.g. "
                             f"[a-z]{{1,40}}")
+        elif key == "format" and "pattern" in schema:
+            problems.append(f"the pattern at {path} beside a format is not enforced by xgrammar (it keeps the format "
+                            f"and drops the pattern): write both as one pattern")
+        elif key in ("enum", "const") and (others := sorted(BESIDE_VALUES & schema.keys())):
+            problems.append(f"{', '.join(others)} at {path} beside {key} are not enforced by xgrammar (it allows "
+                            f"exactly the listed values): list only values that meet them, and drop them")
+        elif key in ("enum", "const") and (wrong := mistyped(value if key == "enum" else [value], schema)):
+            problems.append(f"{key} at {path} lists {wrong[0]!r}, which is not of type {schema['type']!r}; xgrammar "
+                            f"would allow it all the same")
         elif key == "multipleOf" and schema.get("type") != "integer":
             problems.append(f"multipleOf at {path} is enforced by xgrammar on integers only")
+        elif key == "multipleOf" and (bounds := [k for k in RANGE if k in schema]):
+            problems.append(f"multipleOf at {path} beside {', '.join(bounds)} is not enforced by xgrammar (it keeps "
+                            f"the range and drops multipleOf): use an enum of the allowed values, or drop one")
         elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
             problems.append(f"the $ref {value!r} at {path} is not in this schema: only local references (#/...) are "
                             f"read; nothing is downloaded")
@@ -62,6 +80,15 @@ def unsupported_keywords(schema, compiler=None, path: str = "$") -> list[str]:
             for i, sub in enumerate(value):
                 problems += unsupported_keywords(sub, compiler, f"{where}[{i}]")
     return problems
+
+
+def mistyped(values, schema: dict) -> list:
+    """The values (of an enum or a const) that are not of the schema's ``type`` (a name or a list of names)."""
+    if "type" not in schema or not isinstance(values, list):
+        return []
+    names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    kinds = tuple(t for n in names for t in JSON_TYPES.get(n, (object,)))
+    return [v for v in values if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds)]
 
 
 def xgrammar_reason(e: Exception) -> str:
