@@ -1,14 +1,14 @@
 """python -m stages: the benchmark ladder. One workload through every stage and the baselines, in one process.
 
-Prints a table (metrics down, engines across) with each engine's ratio to stage 01 and to each
-baseline, the same stage on plain (not batch-invariant) math for the price of invariance, one
-request alone against HF at batch 1 and against the read-bandwidth ceiling, and a verdict: does
-every stage beat the one before it? Beside the stages run their peers (stages/bench/peers.py: vLLM's CPU
-backend, llama.cpp batched, HF continuous batching, each at every in-flight limit and for one request
-alone), each with a verdict line: stepwise's best stage over that peer. Writes the figures as JSON (--json,
-default bench-<workload>.json) and, with --plot FILE.png, a picture. With --rounds R the stages run R times,
-interleaved, and each keeps its median run, and one request alone (ours and HF's at batch 1) is timed R
-times, its median kept (a shared machine's speed moves from minute to minute: docs/ladder-runs.md).
+Prints a table (metrics down, engines across) with each engine's ratio to stage 01 and to each baseline, the
+same stage on plain (not batch-invariant) math for the price of invariance, one request alone against HF at
+batch 1 and against the read-bandwidth ceiling, and a verdict: does every stage beat the one before it? Beside
+the stages run their peers (stages/bench/peers.py: vLLM's CPU backend, llama.cpp batched, HF continuous
+batching, each at every in-flight limit and for one request alone), each with a verdict line: stepwise's best
+stage over that peer. Writes the figures as JSON (--json, default bench-<workload>.json) and, with --plot
+FILE.png, a picture. With --rounds R the stages run R times, interleaved (every other round in reverse order),
+and each keeps its median run, and one request alone (ours and HF's at batch 1) is timed R times, its median
+kept (a shared machine's speed moves from minute to minute: docs/ladder-runs.md).
 """
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stages", default="01,02,03,04,05,06,07", help="which stages to run, e.g. 01,03")
     ap.add_argument("--in-flight", default=None, help="several max_num_seqs to run the stages at, e.g. 32,64")
     ap.add_argument("--rounds", type=rounds_arg, default=1,
-                    help="run the stages this many times, interleaved, and keep each one's median run "
+                    help="run the stages this many times, interleaved (every other round in reverse order), and "
+                         "keep each one's median run "
                          "(and the median of as many single-request runs)")
     ap.add_argument("--no-plain", action="store_true", help="skip stage 03 on plain math (the price of invariance)")
     ap.add_argument("--hf-batch-sizes", default="16,32,64", help="left-padded batch sizes HF generate tries")
@@ -146,8 +147,9 @@ def run_in_flight(lad: Ladder, console: Console) -> None:
         run_args = copy.copy(args)
         run_args.max_num_seqs = n
         runs: dict[str, list[dict]] = {}
-        for r in range(args.rounds):  # interleaved, so a slow minute on a shared machine hits every engine alike
-            for name, module, plain in engines:
+        for r in range(args.rounds):  # interleaved, so a slow minute on a shared machine hits every engine alike;
+            # every other round backwards, so a machine that speeds up (or slows) run after run favours no end
+            for name, module, plain in (engines if r % 2 == 0 else engines[::-1]):
                 run_args.no_batch_invariant = plain or args.no_batch_invariant
                 runs.setdefault(name, []).append(stage_row(module, run_args, lad.prompts, lad.params,
                                                            lad.machine["read"], lad.machine["flops"]))
