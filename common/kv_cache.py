@@ -6,11 +6,25 @@ with paged blocks.
 """
 from __future__ import annotations
 
+import math
+import mmap
+
 import numpy as np
 import torch
 
 from common.numerics import KEY_TILE, AttentionMetadata, attention
 from common.config import ModelConfig
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of zeros whose pages cost nothing until written, on CPU: anonymous memory, which the kernel hands
+    out zeroed on first touch (``torch.zeros`` writes every byte up front, so a KV budget was resident, and paid
+    for in start-up time, before the first token). Reads of untouched pages see zeros. Elsewhere ``torch.zeros``."""
+    count = math.prod(shape)
+    if torch.device(device).type != "cpu" or count == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buffer = mmap.mmap(-1, count * dtype.itemsize)  # the tensor keeps it alive
+    return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
 
 
 class ContiguousKVCache:
@@ -21,8 +35,7 @@ class ContiguousKVCache:
         padded = -(-max_len // KEY_TILE) * KEY_TILE  # attention reads whole key tiles
         shape = (config.num_hidden_layers, num_slots, config.num_key_value_heads, padded, config.head_dim)
         # Zeros, not empty: positions past a sequence's length are read (then masked), so they must be finite.
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = zeroed(shape, dtype, device), zeroed(shape, dtype, device)
         self.meta: AttentionMetadata | None = None
 
     @property

@@ -1,8 +1,10 @@
 """Stage 03 against the reference: same tokens under small KV budgets (preemption), shared prefixes
 (prefix caching) and chunked prefill; KV accounting; bad input."""
 import importlib
+import os
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
@@ -312,3 +314,22 @@ def test_tensor_op_attention_gives_the_reference_tokens_too(workload, max_num_se
         expected, got = reference.generate(prompts, params), llm.generate(prompts, params)
     for e, g in zip(expected, got):
         assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads resident memory from Linux's /proc")
+def test_a_kv_budget_is_not_resident_until_its_blocks_are_written():
+    """The KV cache's zeros come from anonymous pages (common.kv_cache.zeroed): a 1 GiB budget costs no resident
+    memory when the engine starts (torch.zeros wrote all of it, 1.3 GiB more resident for the demo's budget), reads
+    as zeros, and a block written becomes resident alone."""
+    from common.kv_cache import zeroed
+
+    def resident() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before = resident()
+    k = zeroed((8, 4096, 4, 16, 128), torch.float32, torch.device("cpu"))  # 1 GiB
+    assert k.nbytes == 2**30 and resident() - before < 64 * 2**20
+    k[3, 17] = 1.5
+    assert resident() - before < 64 * 2**20 and float(k[3, 17].sum()) == 1.5 * 4 * 16 * 128
+    assert float(k[:, :32].abs().sum()) == 1.5 * 4 * 16 * 128  # every other position reads as zero

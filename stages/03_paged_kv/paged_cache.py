@@ -16,6 +16,7 @@ import torch
 
 from common.numerics.attention import KEY_TILE, AttentionMetadata, attention
 from common.config import ModelConfig
+from common.kv_cache import zeroed
 from common.sequence import Sequence
 
 
@@ -25,8 +26,7 @@ class PagedKVCache:
         self.config, self.block_size, self.batch_invariant = config, block_size, batch_invariant
         shape = (config.num_hidden_layers, num_blocks, config.num_key_value_heads, block_size, config.head_dim)
         # Zeros, not empty: masked positions are still read, and must be finite.
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = zeroed(shape, dtype, device), zeroed(shape, dtype, device)
         # Attention reads chunks of chunk_len positions: whole blocks when a block divides a key tile.
         self.chunk_len = math.gcd(block_size, KEY_TILE)
         # Each layer's storage as the attention reads it (chunks) and as the store writes it (rows of head_dim),
