@@ -72,10 +72,11 @@ def describe(shapes: dict[str, tuple[int, ...]], dtype: str) -> None:
     for name in [*DTYPES, *QUANTIZATIONS]:
         mark = "  <- written" if name == dtype else ""
         how = {"int8": "1 byte/weight + a bf16 scale per row",
-               "int4": "projections: 4 bits + a 16-bit scale, minimum per 32; head int8"}.get(name, "")
+               "int4": "projections: 4 bits + a 16-bit scale, minimum per 32; head int8",
+               "w4a8": "int4's weights; activations rounded to int8 on the way in"}.get(name, "")
         how = how or f"{DTYPES[name].itemsize} bytes/param x {n_params:,}"
         console.print(f"  {name:>9}: {precision_bytes(shapes, name) / 1e6:6,.1f} MB  {how}{mark}")
-    console.print("  (int8, int4: built at load; norms stay 16-bit; int4 keeps the GGUF's Q4_1 groups)")
+    console.print("  (int8, int4, w4a8: built at load; norms stay 16-bit; int4 keeps the GGUF's Q4_1 groups)")
 
 
 def write_atomically(folder: Path, write) -> Path:

@@ -55,7 +55,7 @@ class LLM:
         self.batch_invariant = batch_invariant
         self.model = load_model(self.folder, self.dtype, self.device, self.engine_class.model_class,
                                 batch_invariant=batch_invariant, quantization=quantization)
-        self.quantization = self.model.quantization  # None, 'int8' or 'int4' weights (common.numerics.quant)
+        self.quantization = self.model.quantization  # None, 'int8', 'int4' or 'w4a8' (common.numerics.quant)
         self.config = self.model.config
         self.tokenizer = Tokenizer(self.folder)
         limit = self.config.max_position_embeddings

@@ -70,7 +70,7 @@ def is_extra(name: str, c: ModelConfig) -> bool:
 def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | None = "auto",
                model_class: type[Llama] = Llama, batch_invariant: bool = True,
                quantization: str | None = None) -> Llama:
-    """quantization: None (the dtype throughout), 'int8' or 'int4' weights (see common.numerics.quant)."""
+    """quantization: None (the dtype throughout), 'int8', 'int4' or 'w4a8' (see common.numerics.quant)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     files = sorted(folder.glob("*.safetensors"))

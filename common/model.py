@@ -33,7 +33,7 @@ class Llama:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", batch_invariant: bool = True, quantization: str | None = None):
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
-        # 16-bit, int8 or int4 (common.numerics.quant); plain math (no batch invariance) takes torch's own linears
+        # 16-bit, int8, int4 or w4a8 (common.numerics.quant); plain math (no batch invariance) takes torch's own linears
         make = LinearFactory(weights, quantization, dtype, self.device, plain=not batch_invariant)
         self.quantization = make.quantization
         w = make.dense

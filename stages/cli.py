@@ -30,8 +30,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint folder, {DEFAULT_MODEL!r} or 'tiny'")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--quantization", default=None, choices=["int8", "int4"],
-                    help="weight-only quantization (common/numerics/quant.py); computes in bfloat16")
+    ap.add_argument("--quantization", default=None, choices=["int8", "int4", "w4a8"],
+                    help="weight quantization (common/numerics/quant.py; w4a8 also rounds activations to int8); "
+                         "computes in bfloat16")
     ap.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="most requests in flight (slots)")
     ap.add_argument("--max-model-len", type=int, default=None)

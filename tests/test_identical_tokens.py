@@ -74,7 +74,7 @@ def test_every_stage_gives_the_reference_tokens(reference, workload):
 
 
 @pytest.mark.parametrize("dtype, quantization", [("bfloat16", None), ("float32", None), ("bfloat16", "int8"),
-                                                  ("bfloat16", "int4")])
+                                                  ("bfloat16", "int4"), ("bfloat16", "w4a8")])
 @pytest.mark.real_model
 def test_real_model_every_stage(dtype, quantization):
     """SmolLM2 itself, in each precision: greedy, top-k and top-p with a stop string, arrivals out of order."""
@@ -94,7 +94,7 @@ def test_real_model_every_stage(dtype, quantization):
         assert [g.token_ids for g in got] == expected, stage
 
 
-@pytest.fixture(scope="module", params=["int8", "int4"])
+@pytest.fixture(scope="module", params=["int8", "int4", "w4a8"])
 def quantized_reference(request):
     return ReferenceLLM("tiny", dtype="bfloat16", quantization=request.param)
 
@@ -102,7 +102,7 @@ def quantized_reference(request):
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=engine_workloads())
 def test_every_stage_gives_the_reference_tokens_quantized(quantized_reference, workload):
-    """Identical tokens hold within a precision: int8 and int4 weights, every stage against the reference."""
+    """Identical tokens hold within a precision: int8, int4 and w4a8, every stage against the reference."""
     prompts, params, order, knobs = workload
     q = quantized_reference.quantization
     expected = [(e.token_ids, e.finish_reason) for e in quantized_reference.generate(prompts, params)]

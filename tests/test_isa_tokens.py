@@ -8,7 +8,8 @@ where this CPU has AVX-512; the scalar path where it has only AVX2). Both must g
 sampled, and the same log-probabilities to the bit: on this random model a token rarely turns on a last bit, a
 log-probability always shows it (the AVX-512 BF16 kernel's differ from the FMA kernel's here). Where this CPU has the
 AVX-512 kernels, the native run takes "AVX-512 FMA" (the kernel the portable one reproduces); "AVX-512 BF16" and AMX
-sum in another order by design.
+sum in another order by design. w4a8 sums its integer products with another instruction in each build (VPDPBUSD or
+VPMADDUBSW natively, VPMADDUBSW or plain C++ narrowed): the same integers, so the same tokens.
 """
 import json
 import os
@@ -36,8 +37,9 @@ prompts = [[5 + i, 6, 7 + 2 * i, 9] * (1 + i % 3) for i in range(8)]
 params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)] * 4 + \\
          [SamplingParams(temperature=0.9, top_p=0.9, seed=i, max_tokens=24, ignore_eos=True, logprobs=2)
           for i in range(4)]
-out = {"kernels": [native.linear_kernel(), native.int4_kernel(), native.float32_kernel()]}
-for dtype, quant in (("float32", None), ("bfloat16", None), ("bfloat16", "int8"), ("bfloat16", "int4")):
+out = {"kernels": [native.linear_kernel(), native.int4_kernel(), native.float32_kernel(), native.w4a8_kernel()]}
+for dtype, quant in (("float32", None), ("bfloat16", None), ("bfloat16", "int8"), ("bfloat16", "int4"),
+                     ("bfloat16", "w4a8")):
     llm = kernels.LLM("tiny", dtype=dtype, quantization=quant, max_num_seqs=4)
     outs = llm.generate(prompts, params)
     out[f"{dtype} {quant}"] = [o.token_ids for o in outs]
@@ -65,7 +67,8 @@ def test_a_build_for_a_narrower_instruction_set_gives_the_same_tokens_and_logpro
     ours = generate({"STEPWISE_LINEAR": "fma"} if AVX512 else {})
     theirs = generate({"CXX": str(cxx), "STEPWISE_HOME": str(home), "STEPWISE_LINEAR": "auto"})
     isa = "AVX2" if AVX512 else "scalar"
-    assert theirs["kernels"] == [f"portable {isa}"] * 3, theirs["kernels"]
+    assert theirs["kernels"] == [f"portable {isa}"] * 3 + [f"W4A8 {isa}"], theirs["kernels"]
+    assert ours["kernels"][3] != theirs["kernels"][3]  # w4a8 sums its integers with another instruction
     assert ours["kernels"][0] == ("AVX-512 FMA" if AVX512 else "portable AVX2")
     for key in ours:
         if key.endswith("path"):

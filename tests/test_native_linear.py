@@ -251,8 +251,10 @@ def test_bad_shapes_fail_clearly(kernel):
         kernels.linear(torch.randn(2, 128).bfloat16(), linear.ours, None, 48, name)
     with pytest.raises(RuntimeError, match="bfloat16"):
         kernels.linear(torch.randn(2, 64), linear.ours, None, 48, name)
-    with pytest.raises(RuntimeError, match="kernel must be amx, fma, dot or portable"):
+    with pytest.raises(RuntimeError, match="kernel must be amx, fma, dot, portable or w4a8"):
         kernels.linear(torch.randn(2, 64).bfloat16(), linear.ours, None, 48, "fast")
+    with pytest.raises(RuntimeError, match="w4a8 reads int4 records"):
+        kernels.linear(torch.randn(2, 64).bfloat16(), linear.ours, None, 48, "w4a8")
     with pytest.raises(RuntimeError, match="-127..127"):  # -128 has no sign-and-magnitude byte
         kernels.pack(torch.full((16, 32), -128, dtype=torch.int8))
     if native.is_portable(kernel):

@@ -1,4 +1,4 @@
-"""What int8 and int4 cost in quality, on a budget: the bounds behind `python -m stages.bench.quality`'s figures
+"""What int8, int4 and w4a8 cost in quality, on a budget: the bounds behind `python -m stages.bench.quality`'s figures
 (README).
 
 The full command scores the whole text (3,573 tokens) and 16 prompts x 64 tokens; this checks its first 512 tokens
@@ -24,9 +24,10 @@ def test_the_text_is_a_few_thousand_public_domain_tokens():
 def test_quantized_perplexity_stays_near_bfloat16(rows):
     bf16, int8, int4 = (rows[n]["perplexity"] for n in ("bfloat16", "int8", "int4"))
     assert 5 < bf16 < 60  # an English novel under a small instruct model; a broken model scores in the thousands
-    # Measured: 17.55, 17.66 and 17.57 (the whole text: 20.78, 20.84, 20.78).
+    # Measured: 17.55, 17.66 and 17.57 (the whole text: 20.78, 20.84, 20.78; w4a8 20.83 on 2026-12-05).
     assert int8 == pytest.approx(bf16, rel=0.02)
     assert int4 == pytest.approx(bf16, rel=0.02)
+    assert rows["w4a8"]["perplexity"] == pytest.approx(bf16, rel=0.02)
 
 
 @pytest.mark.real_model
@@ -35,7 +36,10 @@ def test_quantized_models_mostly_agree_with_bfloat16(rows):
     # Measured: 94.5% and 95.3% of 511 positions; common prefixes 14 and 13.5 of 16 tokens.
     assert rows["int8"]["top-1 agreement on text"] >= 0.9
     assert rows["int4"]["top-1 agreement on text"] >= 0.9
+    assert rows["w4a8"]["top-1 agreement on text"] >= 0.9  # the whole text: 95.3% (int4 96.6%)
     assert rows["int8"]["mean common prefix"] >= 6 and rows["int4"]["mean common prefix"] >= 6
+    assert rows["w4a8"]["mean common prefix"] >= 6
+    assert rows["w4a8"]["weight MB"] == rows["int4"]["weight MB"]
     assert rows["int4"]["weight MB"] < rows["int8"]["weight MB"] < rows["bfloat16"]["weight MB"] / 1.9
 
 

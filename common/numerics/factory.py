@@ -69,7 +69,8 @@ class LinearFactory:
             return self.placed(Int8Linear(torch.cat([self.weights[n].float() for n in names]), self.dtype, self.plain,
                                           self.device))
         return self.placed(Int4Linear.from_q4_1(np.concatenate([self.q4_1_blocks(n) for n in names]), self.dtype,
-                                                self.device, self.plain))
+                                                self.device, self.plain,
+                                                activations=8 if self.quantization == "w4a8" else 16))
 
     def q4_1_blocks(self, name: str) -> np.ndarray:
         """The GGUF's own Q4_1 blocks when the checkpoint keeps them, else the dense weight quantized like them."""

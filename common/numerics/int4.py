@@ -31,17 +31,29 @@ class Int4Linear(QuantizedLinear):
     """GGUF Q4_1 groups: ``w = d * q + m``. On CPU our kernels (``linear_int4.h`` on AMX, ``linear_avx512.h`` with
     AVX-512 BF16, ``linear_portable.h`` elsewhere) on the GGUF's codes, d and m, reordered at load; on CUDA,
     ``quant_cuda.py``'s Triton kernel on the GGUF's bytes; where none of ours built, or in plain mode,
-    ``torch._weight_int4pack_mm_for_cpu``."""
+    ``torch._weight_int4pack_mm_for_cpu``. ``activations=8`` (w4a8): the portable kernel's records, every row
+    rounded to int8 per group and multiplied in integers (``linear_portable_w4a8.h``), on CPU only, plain or not
+    (its rows are independent anyway)."""
 
     def __init__(self, codes: np.ndarray, d: np.ndarray, m: np.ndarray, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None, plain: bool = False):
+                 device: torch.device | str | None = None, plain: bool = False, activations: int = 16):
         """codes [out, in] in 0..15; d, m [out, in / 32]: the weight is d * q + m group by group."""
         check_shape(codes.shape)
         self.out_features, self.in_features = codes.shape
         self.group_size = self.in_features // d.shape[1]
-        self.plain = plain
-        self.triton = cuda_kernels(device)
+        self.plain, self.activations = plain, activations
+        self.triton = None if activations == 8 else cuda_kernels(device)
         self.records = None
+        if activations == 8:
+            if not (kernel := native.w4a8_kernel()) or (device is not None and torch.device(device).type != "cpu"):
+                raise ValueError("w4a8 runs on stepwise's native CPU kernels only; use int4")
+            self.kernel_name, self.kernel_arg = kernel, "w4a8"
+            self.native_kernels = native.kernels(native.LINEAR_SOURCE)
+            self.records = self.native_kernels.pack_int4_portable(
+                *(torch.from_numpy(np.ascontiguousarray(t)) for t in
+                  (codes.astype(np.uint8), d.astype(np.float16), m.astype(np.float16))))
+            self.nbytes = self.records.numel()
+            return
         if self.triton is not None:  # the GGUF's bytes and its fp16 d and m, as they are
             self.nibbles = self.triton.q4_1_nibbles(codes).to(device)
             self.d, self.m = (torch.from_numpy(t.astype(np.float16)).to(device) for t in (d, m))
@@ -66,8 +78,9 @@ class Int4Linear(QuantizedLinear):
 
     @classmethod
     def from_q4_1(cls, blocks: np.ndarray, dtype: torch.dtype = torch.bfloat16,
-                  device: torch.device | str | None = None, plain: bool = False) -> "Int4Linear":
-        return cls(*q4_1_groups(blocks), dtype=dtype, device=device, plain=plain)
+                  device: torch.device | str | None = None, plain: bool = False,
+                  activations: int = 16) -> "Int4Linear":
+        return cls(*q4_1_groups(blocks), dtype=dtype, device=device, plain=plain, activations=activations)
 
     def place_weights(self, place) -> None:
         if self.records is not None:
@@ -77,6 +90,8 @@ class Int4Linear(QuantizedLinear):
     def backend(self) -> str:
         if self.triton is not None:
             return "Triton Int4 kernel (stepwise)"
+        if self.activations == 8:
+            return f"{self.kernel_name} kernel (stepwise): int4 weights x int8 activations"
         return f"{self.kernel_name} Int4 kernel (stepwise)" if self.records is not None else "torch Int4 kernel"
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,15 +102,16 @@ class Int4Linear(QuantizedLinear):
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
 
     def dequantized(self, columns: int | None = None) -> torch.Tensor:
-        """The weights [out, columns or in] as the kernel reads them. Ours and CUDA: d * q + m in float32, read
-        back from the kernel's records or the GGUF's bytes. Otherwise: fed rows of the identity in float32,
-        torch's kernel returns one weight per output, (q - 8) * scale + zero, unpacked from the packed layout the
-        bfloat16 path reads (float32 takes torch's scalar path: slow, for tests)."""
+        """The weights [out, columns or in] as the kernel reads them (w4a8's too: its rounding is the inputs').
+        Ours and CUDA: d * q + m in float32, read back from the kernel's records or the GGUF's bytes. Otherwise:
+        fed rows of the identity in float32, torch's kernel returns one weight per output, (q - 8) * scale + zero,
+        unpacked from the packed layout the bfloat16 path reads (float32 takes torch's scalar path: slow, for
+        tests)."""
         if self.records is not None:
             blocks, chunks = self.records.shape[:2]
             d, m = (self.records[..., i:i + 32].contiguous().view(torch.float16).float().transpose(1, 2)
                     for i in (0, 32))  # [blocks, 16 outputs, chunks]
-            if native.is_portable(self.kernel_name):  # linear_portable_pack.h: run 2c + h, word j, nibble t
+            if self.kernel_arg in ("portable", "w4a8"):  # linear_portable_pack.h: run 2c + h, word j, nibble t
                 b = self.records[..., 64:].reshape(blocks, chunks, 4, 2, 8, 4)  # [.., c, h, j, byte]
                 t = torch.stack([b & 0xF, b >> 4], -1).reshape(blocks, chunks, 4, 2, 8, 8)  # [.., c, h, j, t]
                 q = t.permute(0, 3, 4, 1, 2, 5).reshape(blocks, 16, -1).float()  # [blocks, output 8h + j, 32g + 8c + t]

@@ -1,4 +1,5 @@
-"""The portable linear's results written out from its definition (common/numerics/native/linear_portable.h), in
+"""The portable linear's results written out from its definition (common/numerics/native/linear_portable.h and
+linear_portable_w4a8.h), in
 tensor ops on the unpacked weights: an oracle for its bits (tests/test_native_linear.py, stage 04's ``--kernels``
 table), independent of its packing, blocking and threads. Slow (a Python loop over the inputs): for checks only.
 
@@ -73,4 +74,35 @@ def int4(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor)
                 part = fma32(xd[:, i:i + 1], q[None, :, i], part)
         acc = fma32(d[None, :, g].double(), part, acc)
         acc = fma32(m[None, :, g].double(), sums[:, g:g + 1], acc)
+    return round_bf16(acc)
+
+
+W4A8_MIN = 2.0 ** -100  # a group's largest |x| below this quantizes to zeros
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[rows, k] -> w4a8's int8 inputs a [rows, k] (as float32), s and ms [rows, k / 32], each float32 operation as
+    ``quantize_rows`` in linear_portable_w4a8.h does it (torch.round: to nearest even, like nearbyint)."""
+    g = x.float().view(x.shape[0], -1, 32)
+    amax = g.abs().amax(-1)
+    ok = amax >= W4A8_MIN
+    c = torch.full_like(amax, 127.0)  # tensor by tensor: torch divides a scalar by a tensor as a reciprocal times it
+    inv = torch.where(ok, c / torch.where(ok, amax, c), 0.0)
+    a = torch.round(g * inv[..., None])
+    s = torch.where(ok, amax / c, 0.0)
+    return a.view(x.shape), s, s * a.sum(-1)  # a's sum: integers below 2^24, exact in float32
+
+
+def w4a8(x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """codes [outputs, k] (0..15), d and m [outputs, k / 32] (float16 values): int4's weights times the rows rounded
+    to int8. Each group's sum of q a is an integer (at most 32 * 15 * 127 in size), so a float64 matmul finds it
+    exactly; then group after group acc = fma(m, ms, fma(d * s, sum, acc))."""
+    a, s, ms = quantize_rows(x)
+    rows, groups = x.shape[0], codes.shape[1] // 32
+    dots = torch.einsum("rgi,ogi->rog", a.double().view(rows, groups, 32), codes.double().view(-1, groups, 32))
+    acc = torch.zeros(rows, codes.shape[0], dtype=torch.float64)
+    for g in range(groups):
+        ds = (d[None, :, g].float() * s[:, g:g + 1]).double()  # rounded to float32, as the kernel's multiply
+        acc = fma32(ds, dots[..., g], acc)
+        acc = fma32(m[None, :, g].double(), ms[:, g:g + 1].double(), acc)
     return round_bf16(acc)

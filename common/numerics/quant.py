@@ -10,6 +10,10 @@ stay bfloat16; only the stored weights shrink, and each kernel widens them on th
   the input features with an fp16 scale ``d`` and minimum ``m``, ``w = d * q + m``, ``q`` in 0..15.
   ``common.prepare`` keeps those blocks in the checkpoint folder and they become int4's groups
   without re-quantizing; a checkpoint without them (the tiny model) is quantized with Q4_1's recipe.
+* ``w4a8``: int4's weights, and the activations rounded to int8 per group of 32 on the way in, so a
+  group's products are integers summed by one instruction per 4 inputs (what llama.cpp's Q4_1 x
+  Q8_1 does; ``native/linear_portable_w4a8.h``). Not weight-only: each input moves by up to half
+  of its group's step (1/254 of its largest). CPU only, on our native kernels.
 
 What is quantized: every projection (q, k, v, o, gate, up, down). The token table (the tied
 embedding / LM head) becomes int8 per row in both modes (the GGUF holds it at 8 bits too, as
@@ -31,7 +35,7 @@ import torch
 
 from common.numerics.invariant import RowTiled
 
-QUANTIZATIONS = ("int8", "int4")
+QUANTIZATIONS = ("int8", "int4", "w4a8")
 GROUP_SIZE = 32  # int4 weights per scale/zero: Q4_1's block
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 Q4_1_SUFFIX = ".q4_1_blocks"  # checkpoint tensors holding a projection's GGUF blocks (see common.prepare)
@@ -41,10 +45,19 @@ def parse_quantization(quantization: str | None, dtype: torch.dtype, device: tor
     if quantization in (None, "none", "None", ""):
         return None
     if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization={quantization!r} is not supported; use None, 'int8' or 'int4'")
+        raise ValueError(f"quantization={quantization!r} is not supported; use None, 'int8', 'int4' or 'w4a8'")
     if dtype != torch.bfloat16:
         raise ValueError(f"quantization={quantization!r} computes in bfloat16 (the kernels' fast path): "
                          f"pass dtype='bfloat16', not {dtype}")
+    if quantization == "w4a8":
+        from common.numerics import native
+        if device.type != "cpu":
+            raise ValueError(f"quantization='w4a8' runs on stepwise's CPU kernels, not on device={device.type!r}: "
+                             "use 'int4' there (the same weights, bfloat16 activations)")
+        if native.w4a8_kernel() is None:
+            raise ValueError("quantization='w4a8' runs on stepwise's native CPU kernels, which did not build here "
+                             f"({native.build_note(native.LINEAR_SOURCE)}); use 'int4'")
+        return quantization
     if device.type == "cuda":
         try:
             import triton  # noqa: F401
@@ -93,13 +106,13 @@ def check_shape(weight_shape, name: str = "weight") -> None:
 
 def precision_bytes(shapes: Mapping[str, tuple[int, ...]], precision: str) -> int:
     """Bytes of weights held (and read by one decode step, for a tied model) in ``precision``:
-    'float32', 'bfloat16', 'float16', 'int8' or 'int4', scales and zeros included."""
+    'float32', 'bfloat16', 'float16', 'int8', 'int4' or 'w4a8', scales and zeros included."""
     if precision in ("float32", "bfloat16", "float16"):
         return sum(int(np.prod(s)) for s in shapes.values()) * getattr(torch, precision).itemsize
     total = 0
     for name, shape in shapes.items():
         n = int(np.prod(shape))
-        if name.endswith("_proj.weight") and precision == "int4":
+        if name.endswith("_proj.weight") and precision in ("int4", "w4a8"):
             total += n // 2 + n // GROUP_SIZE * 2 * 2  # nibbles, a 16-bit scale and minimum (or zero) per group
         elif name.endswith("_proj.weight") or len(shape) == 2:  # projections and token tables in int8
             total += n + shape[0] * 2  # a byte per weight, a bfloat16 scale per row

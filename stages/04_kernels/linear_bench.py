@@ -1,6 +1,6 @@
 """`python -m stages.04_kernels --kernels`, second table: the linears every stage shares, three ways, checked and timed.
 
-For a layer's four linears of SmolLM2 (q/k/v, o, gate/up, down) in bfloat16, int8 and int4, and the LM head
+For a layer's four linears of SmolLM2 (q/k/v, o, gate/up, down) in bfloat16, int8, int4 and w4a8, and the LM head
 (49,152 x 576) in bfloat16 and int8:
 
 1. reference (torch): ``x @ W.T`` in float32 on the weights the kernel multiplies by, unrounded: the oracle for
@@ -9,6 +9,9 @@ For a layer's four linears of SmolLM2 (q/k/v, o, gate/up, down) in bfloat16, int
    AVX2 machine): bfloat16 widened to float32 ``torch.mm``, int8 and int4 torch's packed kernels, each on the row
    tile the load-time check finds (``invariant.choose_row_tile``; where none passes, calls padded to 16 rows);
 3. ours: the kernel this machine runs (``native.linear_kernel()``: the portable one on AVX2 and ARM).
+
+w4a8 has no torch path: its second version is int4's kernel on the same weights (the one it stands beside, bfloat16
+activations), checked against int4's definition.
 
 Checked: whether each gives the bits of the portable kernel's definition (``common/numerics/linear_reference.py``,
 on 4 rows), whether a row's bits alone equal its bits in a call of 64 rows, and the largest difference from the
@@ -29,7 +32,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from common.numerics import linear_reference
+from common.numerics import linear_reference, native
 from common.numerics.int4 import Int4Linear, q4_1_groups, q4_1_quantize
 from common.numerics.int8 import Int8Linear
 from common.numerics.invariant import Linear, choose_row_tile
@@ -37,7 +40,7 @@ from common.numerics.invariant import Linear, choose_row_tile
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q/k/v, o, gate/up, down
 HEAD = [(49152, 576)]
 LAYERS, ROWS, CHECK_ROWS = 30, (1, 8, 64), 4
-BYTES_PER_WEIGHT = {"bfloat16": 2.0, "int8": 1.0, "int4": 20 / 32}  # int4: Q4_1, a group of 32 in 20 bytes
+BYTES_PER_WEIGHT = {"bfloat16": 2.0, "int8": 1.0, "int4": 20 / 32, "w4a8": 20 / 32}  # Q4_1: 32 weights, 20 bytes
 
 
 @contextmanager
@@ -54,7 +57,9 @@ def linear_choice(value: str):
 def build(kind: str, weight: torch.Tensor, blocks=None):
     if kind == "bfloat16":
         return Linear(weight.bfloat16())
-    return Int8Linear(weight) if kind == "int8" else Int4Linear.from_q4_1(blocks)
+    if kind == "int8":
+        return Int8Linear(weight)
+    return Int4Linear.from_q4_1(blocks, activations=8 if kind == "w4a8" else 16)
 
 
 def exact_weights(kind: str, weight: torch.Tensor, blocks) -> torch.Tensor:
@@ -75,7 +80,7 @@ def definition(kind: str, x: torch.Tensor, weight: torch.Tensor, blocks) -> torc
         lin = Int8Linear(weight, plain=True)
         return linear_reference.int8(x.float(), lin.qweight.float(), lin.scales)
     codes, d, m = (torch.from_numpy(t.astype("float32")) for t in q4_1_groups(blocks))
-    return linear_reference.int4(x.float(), codes, d, m)
+    return (linear_reference.w4a8 if kind == "w4a8" else linear_reference.int4)(x.float(), codes, d, m)
 
 
 def time_us(calls, repeats: int = 5) -> float:
@@ -92,17 +97,19 @@ def time_us(calls, repeats: int = 5) -> float:
 def measure_op(kind: str, shapes: list, copies: int, gen: torch.Generator) -> list[dict]:
     """The three versions of one op (a layer's linears, or the LM head) in one precision."""
     weights = [torch.randn(o, i, generator=gen) * i ** -0.5 for o, i in shapes]
-    blocks = [q4_1_quantize(w) if kind == "int4" else None for w in weights]
+    blocks = [q4_1_quantize(w) if kind in ("int4", "w4a8") else None for w in weights]
     exact = [exact_weights(kind, w, b) for w, b in zip(weights, blocks)]
     inputs = {rows: [torch.randn(rows, i, generator=gen).bfloat16() for _, i in shapes] for rows in ROWS}
-    expected = [definition(kind, x[:CHECK_ROWS], w, b) for x, w, b in zip(inputs[64], weights, blocks)]
     out = []
-    for version, choice in (("reference: torch float32", None), ("old path", "torch"), ("ours", "auto")):
+    second = ("int4's kernel", "int4") if kind == "w4a8" else ("old path", "torch")
+    for version, choice in (("reference: torch float32", None), second, ("ours", "auto")):
+        made = "int4" if choice == "int4" else kind
+        expected = [definition(made, x[:CHECK_ROWS], w, b) for x, w, b in zip(inputs[64], weights, blocks)]
         if choice is None:  # one copy: its time is compute, not memory
             used, name, apply = 1, version, [[lambda x, w=w: x.float() @ w.t() for w in exact]]
         else:
-            with linear_choice(choice):
-                built = [[build(kind, w, b) for w, b in zip(weights, blocks)] for _ in range(copies)]
+            with linear_choice("auto" if choice == "int4" else choice):
+                built = [[build(made, w, b) for w, b in zip(weights, blocks)] for _ in range(copies)]
             for lins in built:
                 choose_row_tile(lins, torch.bfloat16, torch.device("cpu"))
             used, name = copies, f"{version}: {built[0][0].backend.split(' (')[0]}"
@@ -131,8 +138,9 @@ def measure_op(kind: str, shapes: list, copies: int, gen: torch.Generator) -> li
 def main() -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for kind in ("bfloat16", "int8", "int4"):
-        rows += measure_op(kind, LAYER, LAYERS, gen)
+    for kind in ("bfloat16", "int8", "int4", "w4a8"):
+        if kind != "w4a8" or native.w4a8_kernel():  # w4a8 runs on our kernels only
+            rows += measure_op(kind, LAYER, LAYERS, gen)
     for kind in ("bfloat16", "int8"):
         rows += measure_op(kind, HEAD, 1, gen)
     table = Table(title=f"SmolLM2's linears on {os.cpu_count()} CPUs: a layer's 4 from memory (30 copies in turn), "

@@ -16,7 +16,8 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                     help="default: float32 for the demo (SmolLM2's first answers in bfloat16 sit on near-ties: "
                          "'What is the capital of France?' starts 'L'Étoile...'), bfloat16 to serve")
-    ap.add_argument("--quantization", default=None, choices=["int8", "int4"], help="weight-only quantization")
+    ap.add_argument("--quantization", default=None, choices=["int8", "int4", "w4a8"],
+                    help="weight quantization (w4a8 also rounds activations to int8)")
     ap.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, or auto (CUDA when torch sees a GPU)")
     ap.add_argument("--max-num-seqs", type=int, default=None,
                     help="running requests per engine (default 16; cluster: calibrated from --tpot-target-ms)")

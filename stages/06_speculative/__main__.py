@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     ap.add_argument("command", nargs="?", default="compare", choices=["compare", "serve"])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--quantization", default=None, choices=["int8", "int4"])
+    ap.add_argument("--quantization", default=None, choices=["int8", "int4", "w4a8"])
     ap.add_argument("--device", default="auto", type=device_arg)
     ap.add_argument("--speculative-config", type=speculative_config, default=None,
                     help=f"vLLM's keys as JSON (compare's default {json.dumps(COMPARE_DEFAULT)}, drafting at every "

@@ -91,9 +91,10 @@ class SpeculativeConfig:
                     raise InvalidParam(f"speculative_config.{key}", f"speculative_config.{key} applies to method "
                                        f"'draft_model' only, not {method!r}")
         quantization = value.get("quantization", "int4" if method == "draft_model" else None)
-        if method == "draft_model" and quantization not in (None, "int8", "int4"):
+        if method == "draft_model" and quantization not in (None, "int8", "int4", "w4a8"):
             raise InvalidParam("speculative_config.quantization", f"speculative_config.quantization="
-                               f"{clip(quantization)} is invalid: use 'int4', 'int8' or None (the model's dtype)")
+                               f"{clip(quantization)} is invalid: use 'int4', 'w4a8', 'int8' or None (the model's "
+                               f"dtype)")
         off = value.get("disable_by_batch_size")
         if off is not None:
             check_int("speculative_config.disable_by_batch_size", off, 1)

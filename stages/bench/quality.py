@@ -1,6 +1,6 @@
 """What a precision costs in quality: perplexity on a fixed text and agreement with bfloat16.
 
-    python -m stages.bench.quality                       # SmolLM2: bfloat16, int8, int4
+    python -m stages.bench.quality                       # SmolLM2: bfloat16, int8, int4, w4a8
     python -m stages.bench.quality --prompts 16 --tokens 64 --window 1024
 
 * perplexity: exp(mean negative log-likelihood) of each token of a public-domain text
@@ -30,7 +30,7 @@ from common.sampling import SamplingParams
 from stages.workloads import CHAT_QUESTIONS
 
 TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "pride_and_prejudice_ch2-3.txt"
-PRECISIONS = (None, "int8", "int4")
+PRECISIONS = (None, "int8", "int4", "w4a8")
 
 
 def label(quantization: str | None) -> str:

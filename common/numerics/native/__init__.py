@@ -129,6 +129,16 @@ def float32_kernel() -> str | None:
     return f"portable {kernels(LINEAR_SOURCE).portable_isa()}"
 
 
+def w4a8_kernel() -> str | None:
+    """Which of our kernels runs w4a8 (int4 records, int8 activations): the portable one wherever linear.cpp built,
+    named with the instruction that sums its integer products ("W4A8 AVX-512 VNNI", "W4A8 AVX2", "W4A8 NEON
+    dotprod", ...; the bits are the same on each); else None: w4a8 has no torch kernel and is refused.
+    ``STEPWISE_LINEAR`` does not move it (no other kernel computes w4a8)."""
+    if not load(LINEAR_SOURCE):
+        return None
+    return f"W4A8 {kernels(LINEAR_SOURCE).w4a8_isa()}"
+
+
 def amx_linear_ready() -> bool:
     """Whether linears run on the AMX kernel (the only one of ours that takes int4)."""
     return linear_kernel() == "AMX"

@@ -309,15 +309,16 @@ bool avx512_ready() {
 // x [m, k] bfloat16 times a packed weight: bfloat16; int8 with one float32 scale per output (y = (x . q) * s);
 // or int4 records (`pack_int4`, uint8: y = sum over groups of d (x . q) + m (sum of x)). `kernel`: "amx" on the AMX
 // tiles; "dot" (VDPBF16PS) or "fma" (float32 multiply-adds, no int4) with AVX-512 (`linear_avx512.h`); "portable"
-// on any CPU, for weights from `pack_portable` / `pack_int4_portable` (float32 ones too, with float32 x).
+// on any CPU, for weights from `pack_portable` / `pack_int4_portable` (float32 ones too, with float32 x); "w4a8"
+// the portable kernel on int4 records with the rows quantized to int8 (`linear_portable_w4a8.h`).
 // `interleave`: the layout `pack` was given (1 for AMX, int4 and the portable kernel).
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& packed, const c10::optional<at::Tensor>& scales, int64_t n,
                   const std::string& kernel, int64_t interleave) {
-  TORCH_CHECK(kernel == "amx" || kernel == "fma" || kernel == "dot" || kernel == "portable",
-              "kernel must be amx, fma, dot or portable");
-  if (kernel == "portable") {
+  TORCH_CHECK(kernel == "amx" || kernel == "fma" || kernel == "dot" || kernel == "portable" || kernel == "w4a8",
+              "kernel must be amx, fma, dot, portable or w4a8");
+  if (kernel == "portable" || kernel == "w4a8") {
     TORCH_CHECK(interleave == 1, "the portable kernel's weights are not interleaved");
-    return linear_portable(x_in, packed, scales, n);
+    return linear_portable(x_in, packed, scales, n, kernel == "w4a8");
   }
   const bool amx = kernel == "amx";
   TORCH_CHECK(!amx || ready(), "the AMX linear needs a CPU with AMX-BF16 (see stepwise_linear::ready)");
@@ -419,6 +420,7 @@ PYBIND11_MODULE(STEPWISE_MODULE, m) {
   m.def("pack", &pack, pybind11::arg("weight"), pybind11::arg("interleave") = 1);
   m.def("pack_int4", &pack_int4);
   m.def("portable_isa", &portable_isa);
+  m.def("w4a8_isa", &w4a8_isa);
   m.def("pack_portable", &pack_portable);
   m.def("pack_int4_portable", &pack_int4_portable);
   m.def("int8_rows", &int8_rows, pybind11::arg("packed"), pybind11::arg("ids"), pybind11::arg("k"),

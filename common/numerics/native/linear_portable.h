@@ -15,6 +15,7 @@
 //   int4 (Q4_1)       per group of 32 inputs a fresh chain part over its input pairs, the odd input of each
 //                     pair first (the order of VDPBF16PS in linear_avx512.h's int4 kernel), then
 //                     acc = fma(m, sum_g(x), fma(d, part, acc)), group after group; y = bf16(acc)
+//   w4a8              int4's records times the rows rounded to int8, in integers: linear_portable_w4a8.h
 // bf16() is VCVTNEPS2BF16's rounding (to nearest even, a subnormal to a signed zero), which the AVX-512 kernels use.
 //
 // Speed: decoding one request reads every weight once, so one row runs 2 blocks of 16 outputs at once (4 chains in
@@ -61,6 +62,8 @@ struct Problem {
   const float* scale;  // int8: one per output
   const float* sums;  // int4: [m][kp / 32], `group_sums`
   void* out;  // [m][n]: float32 for float32 weights, else bfloat16 bits
+  const int8_t* qa = nullptr;  // w4a8: the rows quantized, [m][kp] and [m][kp / 32][2] (`quantize_rows`)
+  const float* qs = nullptr;
 };
 
 // Each row's sum of x over each group of 32 inputs, in the order of linear_int4.h's `sum_groups`: x[i] + x[i + 16],
@@ -76,6 +79,12 @@ inline void group_sums(const float* X, int64_t m, int64_t ldx, int64_t groups, f
       sums[r * groups + g] = (u[0] + u[2]) + (u[1] + u[3]);
     }
 }
+
+}  // namespace stepwise_portable
+
+#include "linear_portable_w4a8.h"
+
+namespace stepwise_portable {
 
 // One 64-byte line of a block, half h (outputs 8h .. 8h + 7): the weights of its input I, widened.
 template <Kind K, int I>
@@ -225,6 +234,8 @@ void run(const Problem& p, int64_t row0, int64_t block) {
   float out[R][C][16];
   if (p.kind == Kind::int4) {
     dot_int4<R, C>(X, p.ldx, p.kp / GROUP, p.sums + row0 * (p.kp / GROUP), blocks, ahead, out);
+  } else if (p.kind == Kind::w4a8) {
+    dot_w4a8<R, C>(p.qa + row0 * p.kp, p.kp, p.qs + 2 * row0 * (p.kp / GROUP), blocks, ahead, out);
   } else {
     V8 acc[R][C][2];
     if (p.kind == Kind::bf16) dot<Kind::bf16, R, C>(X, p.ldx, p.kp, blocks, ahead, acc);

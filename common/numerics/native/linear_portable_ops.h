@@ -10,6 +10,7 @@ namespace {
 namespace sp = stepwise_portable;
 
 const char* portable_isa() { return sp::ISA; }
+const char* w4a8_isa() { return sp::DOT_ISA; }  // which instruction sums W4A8's integer products
 
 // weight [n, k] (bfloat16, float32 or int8) -> bfloat16 [blocks, kp / 2, 16, 2], float32 or int8 [blocks, kp, 16].
 at::Tensor pack_portable(const at::Tensor& weight_in) {
@@ -62,10 +63,12 @@ sp::Kind portable_kind(const at::Tensor& packed) {
 }
 
 // x [m, k] (bfloat16; float32 for float32 weights) times a weight from pack_portable / pack_int4_portable: [m, n].
+// w4a8: int4 records, the rows quantized to int8 per group first (linear_portable_w4a8.h).
 at::Tensor linear_portable(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& scales,
-                           int64_t n) {
-  const sp::Kind kind = portable_kind(packed);
-  const bool f32 = kind == sp::Kind::f32, int8 = kind == sp::Kind::int8, int4 = kind == sp::Kind::int4;
+                           int64_t n, bool w4a8 = false) {
+  const sp::Kind kind = w4a8 ? sp::Kind::w4a8 : portable_kind(packed);
+  TORCH_CHECK(!w4a8 || packed.scalar_type() == at::kByte, "w4a8 reads int4 records (pack_int4_portable)");
+  const bool f32 = kind == sp::Kind::f32, int8 = kind == sp::Kind::int8, int4 = kind == sp::Kind::int4 || w4a8;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == (f32 ? at::kFloat : at::kBFloat16),
               f32 ? "x must be 2-D float32 for float32 weights" : "x must be 2-D bfloat16");
   TORCH_CHECK(packed.is_contiguous() && packed.dim() == (kind == sp::Kind::bf16 ? 4 : 3) &&
@@ -102,11 +105,21 @@ at::Tensor linear_portable(const at::Tensor& x, const at::Tensor& packed, const 
   }
   const at::Tensor scale = int8 ? scales->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!int8 || scale.numel() >= n, "one scale per output");
-  std::vector<float> sums(int4 ? m * (kp / sp::GROUP) : 0);
-  if (int4) sp::group_sums(X, m, kp, kp / sp::GROUP, sums.data());
+  std::vector<float> sums(int4 && !w4a8 ? m * (kp / sp::GROUP) : 0);
+  if (int4 && !w4a8) sp::group_sums(X, m, kp, kp / sp::GROUP, sums.data());
+  thread_local std::vector<int8_t> qa;  // this (calling) thread's: the workers below write through pointers
+  thread_local std::vector<float> qs;
+  if (w4a8) {
+    qa.resize(m * kp), qs.resize(m * (kp / sp::GROUP) * 2);
+    int8_t* const a = qa.data();
+    float* const s = qs.data();
+    at::parallel_for(0, m, 8, [=](int64_t r0, int64_t r1) {
+      sp::quantize_rows(X + r0 * kp, r1 - r0, kp, kp, a + r0 * kp, s + r0 * (kp / sp::GROUP) * 2);
+    });
+  }
   const sp::Problem problem{kind, X, m, kp, kp, n, packed.const_data_ptr(),
-                            int8 ? scale.const_data_ptr<float>() : nullptr, int4 ? sums.data() : nullptr,
-                            out.data_ptr()};
+                            int8 ? scale.const_data_ptr<float>() : nullptr, sums.empty() ? nullptr : sums.data(),
+                            out.data_ptr(), w4a8 ? qa.data() : nullptr, w4a8 ? qs.data() : nullptr};
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) { sp::linear_blocks(problem, b0, b1); });
   return out;
 }

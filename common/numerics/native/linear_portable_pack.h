@@ -10,7 +10,7 @@
 //                                     of linear.cpp's `pack` with interleave 1
 //   float32   [block][kp][16]         a line: 16 outputs x 1 input
 //   int8      [block][kp][16]         a line: 16 outputs x 4 inputs, plain two's complement
-//   int4      [block][kp / 32][320]   one record per block and Q4_1 group (32 inputs): the 16 outputs' fp16 d,
+//   int4      [block][kp / 32][320]   (and w4a8) one record per block and Q4_1 group (32 inputs): the 16 outputs' fp16 d,
 //                                     their fp16 m, then 256 code bytes: 8 runs of 32 bytes, run 2 c + h for
 //                                     inputs 8c .. 8c + 7 of outputs 8h .. 8h + 7, each output a 32-bit word
 //                                     holding input 8c + t in bits 4t .. 4t + 3 (little-endian)
@@ -21,7 +21,7 @@
 namespace stepwise_portable {
 
 constexpr int64_t BLOCK = 16, K_ALIGN = 32, GROUP = 32, INT4_RECORD = 320;
-enum class Kind { bf16, f32, int8, int4 };
+enum class Kind { bf16, f32, int8, int4, w4a8 };  // w4a8: int4's records, int8 activations
 
 inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 inline int64_t padded_inputs(int64_t k) { return round_up(k, K_ALIGN); }

@@ -2,6 +2,7 @@
 // kernel needs, each written three times: AVX2 + FMA + F16C (one 256-bit register), NEON on aarch64 (two 128-bit
 // registers) and plain C++ (eight floats, `std::fma`). Nothing here reorders a sum: every operation is per lane,
 // and `fma` rounds once, like the hardware instruction on every ISA, so a lane's result is the same bits on each.
+// W4A8's integer dot products (`Dot`) pick the best instruction each ISA has: their sums are exact, so any will do.
 // Torch-free: native/test/linear_test.cpp builds it alone, for each ISA.
 //
 // Which one compiles: AVX2 where the compiler targets it (-march=native on an AVX2 CPU), NEON on aarch64, else
@@ -76,6 +77,36 @@ inline V8 code_scaled(Codes c) {
   else return _mm256_cvtepi32_ps(_mm256_and_si256(c.u, _mm256_set1_epi32(15 << (4 * T))));
 }
 
+inline V8 mul(V8 a, V8 b) { return _mm256_mul_ps(a, b); }
+// W4A8 (linear_portable_w4a8.h): 8 outputs' int4 codes (4 per 32-bit lane, one per byte, 0..15) times 4 int8
+// inputs broadcast, summed per lane in integers: exact, so every ISA's instruction gives the same sums.
+using Bytes32 = __m256i;
+inline void split_codes(const uint8_t* p, Bytes32& lo, Bytes32& hi) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), nibble = _mm256_set1_epi8(15);
+  lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+}
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr const char* DOT_ISA = "AVX-512 VNNI";
+struct Dot { __m256i v; };  // int32 per lane
+inline Dot dot_add(Dot acc, Bytes32 codes, int32_t x4) { return {_mm256_dpbusd_epi32(acc.v, codes, _mm256_set1_epi32(x4))}; }
+inline V8 dot_value(Dot acc) { return _mm256_cvtepi32_ps(acc.v); }
+#elif defined(__AVXVNNI__)
+constexpr const char* DOT_ISA = "AVX-VNNI";
+struct Dot { __m256i v; };
+inline Dot dot_add(Dot acc, Bytes32 codes, int32_t x4) { return {_mm256_dpbusd_avx_epi32(acc.v, codes, _mm256_set1_epi32(x4))}; }
+inline V8 dot_value(Dot acc) { return _mm256_cvtepi32_ps(acc.v); }
+#else
+constexpr const char* DOT_ISA = "AVX2";
+// int16 pairs (VPMADDUBSW: q0 x0 + q1 x1, |.| <= 2 * 15 * 127 = 3810): a group's 8 adds stay below 2^15, exact;
+// VPMADDWD then adds the pairs into the lane's int32.
+struct Dot { __m256i v; };
+inline Dot dot_add(Dot acc, Bytes32 codes, int32_t x4) {
+  return {_mm256_add_epi16(acc.v, _mm256_maddubs_epi16(codes, _mm256_set1_epi32(x4)))};
+}
+inline V8 dot_value(Dot acc) { return _mm256_cvtepi32_ps(_mm256_madd_epi16(acc.v, _mm256_set1_epi16(1))); }
+#endif
+inline Dot dot_zero() { return {_mm256_setzero_si256()}; }
+
 #elif defined(STEPWISE_PORTABLE_NEON)
 constexpr const char* ISA = "NEON";
 struct V8 { float32x4_t lo, hi; };
@@ -115,6 +146,39 @@ inline V8 code_scaled(Codes c) {
   return {vcvtq_f32_u32(vandq_u32(c.lo, mask)), vcvtq_f32_u32(vandq_u32(c.hi, mask))};
 }
 
+inline V8 mul(V8 a, V8 b) { return {vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
+struct Bytes32 { int8x16_t a, b; };  // lanes 0-3 and 4-7
+inline void split_codes(const uint8_t* p, Bytes32& lo, Bytes32& hi) {
+  const uint8x16_t a = vld1q_u8(p), b = vld1q_u8(p + 16), nibble = vdupq_n_u8(15);
+  lo = {vreinterpretq_s8_u8(vandq_u8(a, nibble)), vreinterpretq_s8_u8(vandq_u8(b, nibble))};
+  hi = {vreinterpretq_s8_u8(vshrq_n_u8(a, 4)), vreinterpretq_s8_u8(vshrq_n_u8(b, 4))};
+}
+#if defined(__ARM_FEATURE_DOTPROD)
+constexpr const char* DOT_ISA = "NEON dotprod";
+struct Dot { int32x4_t a, b; };
+inline Dot dot_zero() { return {vdupq_n_s32(0), vdupq_n_s32(0)}; }
+inline Dot dot_add(Dot acc, Bytes32 codes, int32_t x4) {
+  const int8x16_t x = vreinterpretq_s8_s32(vdupq_n_s32(x4));
+  return {vdotq_s32(acc.a, codes.a, x), vdotq_s32(acc.b, codes.b, x)};
+}
+inline V8 dot_value(Dot acc) { return {vcvtq_f32_s32(acc.a), vcvtq_f32_s32(acc.b)}; }
+#else
+constexpr const char* DOT_ISA = "NEON";
+// Each byte's products summed in int16 (|.| <= 8 * 15 * 127 = 15240 for a group's 8 adds: exact), the four
+// bytes of a lane added at the end.
+struct Dot { int16x8_t a0, a1, b0, b1; };
+inline Dot dot_zero() { return {vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0), vdupq_n_s16(0)}; }
+inline Dot dot_add(Dot acc, Bytes32 codes, int32_t x4) {
+  const int8x16_t x = vreinterpretq_s8_s32(vdupq_n_s32(x4));
+  return {vmlal_s8(acc.a0, vget_low_s8(codes.a), vget_low_s8(x)), vmlal_high_s8(acc.a1, codes.a, x),
+          vmlal_s8(acc.b0, vget_low_s8(codes.b), vget_low_s8(x)), vmlal_high_s8(acc.b1, codes.b, x)};
+}
+inline V8 dot_value(Dot acc) {
+  return {vcvtq_f32_s32(vpaddq_s32(vpaddlq_s16(acc.a0), vpaddlq_s16(acc.a1))),
+          vcvtq_f32_s32(vpaddq_s32(vpaddlq_s16(acc.b0), vpaddlq_s16(acc.b1)))};
+}
+#endif
+
 #else
 constexpr const char* ISA = "scalar";
 struct V8 { float v[8]; };
@@ -143,6 +207,21 @@ inline V8 code_scaled(Codes c) {
   for (int i = 0; i < 8; ++i) r.v[i] = static_cast<float>(T == 7 ? c.u[i] >> 28 : c.u[i] & (15u << (4 * T)));
   return r;
 }
+inline V8 mul(V8 a, V8 b) { V8 r; for (int i = 0; i < 8; ++i) r.v[i] = a.v[i] * b.v[i]; return r; }
+constexpr const char* DOT_ISA = "scalar";
+struct Bytes32 { uint8_t b[32]; };
+inline void split_codes(const uint8_t* p, Bytes32& lo, Bytes32& hi) {
+  for (int i = 0; i < 32; ++i) lo.b[i] = p[i] & 15, hi.b[i] = p[i] >> 4;
+}
+struct Dot { int32_t v[8]; };
+inline Dot dot_zero() { return Dot{}; }
+inline Dot dot_add(Dot acc, Bytes32 codes, int32_t x4) {
+  for (int lane = 0; lane < 8; ++lane)
+    for (int j = 0; j < 4; ++j)
+      acc.v[lane] += codes.b[4 * lane + j] * static_cast<int8_t>(static_cast<uint32_t>(x4) >> (8 * j));
+  return acc;
+}
+inline V8 dot_value(Dot acc) { V8 r; for (int i = 0; i < 8; ++i) r.v[i] = static_cast<float>(acc.v[i]); return r; }
 #endif
 
 inline void prefetch(const void* p) {

@@ -5,7 +5,7 @@
 // Two ceilings, both measured here:
 //   * arithmetic: `peak`, a loop of nothing but independent 8-lane multiply-adds (the kernel's one instruction
 //     that counts), in multiply-adds a second; at 64 rows each weight read serves 64 rows, so a linear is bound
-//     by this one;
+//     by this one (w4a8 is not: its integer instruction does 4 inputs a lane, so it can pass 100%);
 //   * memory: at one row each weight is read once for one multiply-add, so a linear is bound by how fast its
 //     weights arrive (GB/s: 2, 1 or 0.625 bytes a weight). The weights of one shape fit in cache here, so this
 //     is the kernel's cost of turning bytes into products, not DRAM's (the ladder measures that).
@@ -71,7 +71,7 @@ struct Weights {
 Weights make(Kind kind, int64_t n, int64_t k) {
   Weights w{kind, n, k, std::vector<char>(sp::block_count(n) * sp::block_bytes(kind, sp::padded_inputs(k))),
             std::vector<float>(n, 0.01f)};
-  if (kind == Kind::int4) {
+  if (kind == Kind::int4 || kind == Kind::w4a8) {
     std::vector<uint8_t> codes(n * k);
     std::vector<uint16_t> d(n * k / 32), m(n * k / 32);
     for (auto& c : codes) c = next() & 15;
@@ -93,12 +93,18 @@ Weights make(Kind kind, int64_t n, int64_t k) {
 // One call of `rows` rows: its outputs (bfloat16 bits), and the seconds it takes.
 std::vector<uint16_t> call(const Weights& w, const std::vector<float>& x, int64_t rows, double* seconds) {
   const int64_t kp = sp::padded_inputs(w.k), groups = kp / sp::GROUP;
-  std::vector<float> sums(rows * groups);
+  std::vector<float> sums(rows * groups), qs(rows * groups * 2);
+  std::vector<int8_t> qa(rows * kp);
   std::vector<uint16_t> out(rows * w.n);
-  sp::group_sums(x.data(), rows, kp, groups, sums.data());
-  const sp::Problem p{w.kind, x.data(), rows, kp, kp, w.n, w.packed.data(), w.scale.data(), sums.data(), out.data()};
-  if (seconds) *seconds = seconds_per_call([&] { sp::linear(p); });
-  else sp::linear(p);
+  const sp::Problem p{w.kind, x.data(), rows, kp, kp, w.n, w.packed.data(), w.scale.data(), sums.data(), out.data(),
+                      qa.data(), qs.data()};
+  auto once = [&] {  // what the engine's call does before the kernel: int4's group sums, or w4a8's int8 rows
+    if (w.kind == Kind::w4a8) sp::quantize_rows(x.data(), rows, kp, kp, qa.data(), qs.data());
+    else sp::group_sums(x.data(), rows, kp, groups, sums.data());
+    sp::linear(p);
+  };
+  if (seconds) *seconds = seconds_per_call(once);
+  else once();
   return out;
 }
 
@@ -106,15 +112,15 @@ std::vector<uint16_t> call(const Weights& w, const std::vector<float>& x, int64_
 
 int main() {
   const double fma_rate = peak();
-  std::printf("portable linear (%s), %d thread(s); peak of one core: %.1f G multiply-adds/s (%.1f GFLOP/s)\n\n",
-              sp::ISA, threads(), fma_rate / 1e9, 2 * fma_rate / 1e9);
+  std::printf("portable linear (%s; w4a8's integer sums: %s), %d thread(s); peak of one core: %.1f G multiply-adds/s "
+              "(%.1f GFLOP/s)\n\n", sp::ISA, sp::DOT_ISA, threads(), fma_rate / 1e9, 2 * fma_rate / 1e9);
   std::printf("%-8s %-10s %5s %10s %10s %9s %9s  %s\n", "weights", "shape", "rows", "us", "GMAC/s", "of peak",
               "GB/s", "alone = in a call");
-  const char* names[] = {"bfloat16", "float32", "int8", "int4"};
-  const double bytes[] = {2.0, 4.0, 1.0, 20.0 / 32};
+  const char* names[] = {"bfloat16", "float32", "int8", "int4", "w4a8"};
+  const double bytes[] = {2.0, 4.0, 1.0, 20.0 / 32, 20.0 / 32};
   const int64_t shapes[][2] = {{3072, 576}, {576, 1536}};  // SmolLM2's gate/up and down
   int failures = 0;
-  for (Kind kind : {Kind::bf16, Kind::int8, Kind::int4})
+  for (Kind kind : {Kind::bf16, Kind::int8, Kind::int4, Kind::w4a8})
     for (const auto& shape : shapes) {
       const Weights w = make(kind, shape[0], shape[1]);
       const int64_t kp = sp::padded_inputs(w.k);

@@ -1,7 +1,8 @@
-// The portable linear (../linear_portable.h) alone, no torch: for each weight kind (bfloat16, float32, int8, int4)
-// and shapes with ragged outputs and inputs, every row's bits
+// The portable linear (../linear_portable.h) alone, no torch: for each weight kind (bfloat16, float32, int8, int4,
+// w4a8) and shapes with ragged outputs and inputs, every row's bits
 //   * equal a scalar reference written here from the unpacked weights: std::fma in the order the header states;
-//   * lie within rounding of the sum in double precision (the kernel computes a linear at all);
+//   * lie within rounding of the sum in double precision (the kernel computes a linear at all; w4a8 within its
+//     inputs' rounding to 8 bits besides);
 //   * are the same alone and inside every call of 1..40 rows, and whatever the split of the outputs over threads.
 // It prints a hash of every output: run.sh builds this natively, for the scalar path and for aarch64 (under
 // qemu), and fails unless all hashes are equal. Inputs come from an integer generator, so every build sees the
@@ -55,7 +56,7 @@ struct Case {
   Kind kind;
   int64_t n, k;
   std::vector<float> w;  // [n][k] the weights' values (int8: q; int4: the codes)
-  std::vector<uint16_t> wbits, d, m;  // bfloat16 bits; int4's d and m (float16 bits) [n][k / 32]
+  std::vector<uint16_t> wbits, d, m;  // bfloat16 bits; int4's and w4a8's d and m (float16 bits) [n][k / 32]
   std::vector<float> scale;  // int8
   std::vector<float> x;  // [rows][kp], zero from k
 };
@@ -73,9 +74,10 @@ Case make_case(Kind kind, int64_t n, int64_t k) {
     else if (kind == Kind::int8) c.w[e] = static_cast<float>(static_cast<int>(next() % 255) - 127);
     else c.w[e] = static_cast<float>(next() % 16);
   }
+  const bool groups = kind == Kind::int4 || kind == Kind::w4a8;
   if (kind == Kind::int8)
     for (int64_t o = 0; o < n; ++o) c.scale.push_back(random_float(-12, -5, 7));
-  if (kind == Kind::int4)
+  if (groups)
     for (int64_t e = 0; e < n * (k / 32); ++e) {  // float16: d in [2^-10, 2^-4), m = -8 d or so, some subnormal
       c.d.push_back(static_cast<uint16_t>((5 + next() % 6) << 10 | (next() % 1024)));
       c.m.push_back(static_cast<uint16_t>(0x8000 | (e % 7 == 0 ? next() % 1024 : (8 + next() % 6) << 10 | (next() % 1024))));
@@ -92,7 +94,10 @@ Case make_case(Kind kind, int64_t n, int64_t k) {
     // rounded against a partial sum of about B |w|, so a change in the order of any of them shows in the result.
     // int4: both inside group 0, so its chain `part` shows the order of its pairs.
     const int64_t last = kind == Kind::int4 ? 30 : k - 2;
-    if (r % 4 == 1 && k >= 4) x[1] = 1048576.0f, x[last] = -1048576.0f;
+    if (r % 4 == 1 && k >= 4 && kind != Kind::w4a8) x[1] = 1048576.0f, x[last] = -1048576.0f;
+    // w4a8: a group whose largest |x| is a power of two, and one whose inputs are all equal (their codes' ties)
+    if (kind == Kind::w4a8 && r == 1) x[5] = 64.0f;
+    if (kind == Kind::w4a8 && r == 2) std::fill(x, x + std::min<int64_t>(k, 32), -0.375f);
     // int4, a row whose group 1 is minus its group 0 (and nothing after): groups 0 and 1 of every output are
     // equal below, so the output is what the roundings of those two groups leave: it shows how d, m, part and
     // the group's sum of x were combined.
@@ -115,9 +120,33 @@ void reference(const Case& c, int r, std::vector<uint32_t>& bits, std::vector<do
   const float* x = &c.x[r * kp];
   bits.assign(c.n, 0), exact.assign(c.n, 0), bound.assign(c.n, 0);
   for (int64_t o = 0; o < c.n; ++o) {
-    double sum = 0, magnitude = 0;
+    double sum = 0, magnitude = 0, quantized = 0;
     float acc = 0.0f;
-    if (c.kind != Kind::int4) {
+    if (c.kind == Kind::w4a8) {
+      for (int64_t g = 0; g < groups; ++g) {  // the definition in linear_portable_w4a8.h, one input at a time
+        const float* xg = x + 32 * g;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::fabs(xg[i]) > amax ? std::fabs(xg[i]) : amax;
+        const bool zero = !(amax >= 0x1p-100f);
+        const float inv = zero ? 0.0f : 127.0f / amax, s = zero ? 0.0f : amax / 127.0f;
+        int64_t dot = 0, count = 0;
+        double wsum = 0, err = 0;
+        const double d = half_value(c.d[o * groups + g]), mn = half_value(c.m[o * groups + g]);
+        for (int i = 0; i < 32; ++i) {
+          const float q = c.w[o * c.k + 32 * g + i];
+          const int a = zero ? 0 : static_cast<int>(std::nearbyint(xg[i] * inv));
+          dot += a * static_cast<int64_t>(q), count += a;
+          const double w = d * q + mn;
+          sum += static_cast<double>(xg[i]) * w, wsum += std::fabs(w);
+          magnitude += (std::fabs(xg[i]) + amax / 127.0) * std::fabs(w) + std::fabs(d * q * xg[i]) + std::fabs(mn * xg[i]);
+          err += std::fabs(xg[i]) * std::ldexp(1.0, -20) * std::fabs(w);
+        }
+        err += (zero ? amax : amax / 254.0) * wsum;  // each input moved by at most half a step (all of it if zeroed)
+        quantized += err;
+        acc = std::fma(static_cast<float>(mn), s * static_cast<float>(count),
+                       std::fma(static_cast<float>(d) * s, static_cast<float>(dot), acc));
+      }
+    } else if (c.kind != Kind::int4) {
       for (int64_t i = 0; i < kp; ++i) {
         const float w = i < c.k ? c.w[o * c.k + i] : 0.0f;
         acc = std::fma(x[i], w, acc);
@@ -151,13 +180,15 @@ void reference(const Case& c, int r, std::vector<uint32_t>& bits, std::vector<do
     // float32 chains: one rounding per step, each at most 2^-24 of what is summed so far; then the last rounding
     bound[o] = (static_cast<double>(kp + 2 * groups + 2) * std::ldexp(1.0, -24) * magnitude * std::fabs(s)) * 1.01 +
                static_cast<double>(kp + 2 * groups + 2) * std::ldexp(1.0, -149) +  // subnormal steps: absolute
-               (c.kind == Kind::f32 ? 0.0 : std::ldexp(std::fabs(exact[o]), -8) + FLT_MIN);
+               (c.kind == Kind::f32 ? 0.0 : std::ldexp(std::fabs(exact[o]), -8) + FLT_MIN) + quantized * 1.01;
   }
 }
 
 struct Packed {
   std::vector<char> bytes;
   std::vector<float> sums;
+  std::vector<int8_t> qa;  // w4a8: every row quantized
+  std::vector<float> qs;
 };
 
 Packed pack(const Case& c) {
@@ -170,11 +201,15 @@ Packed pack(const Case& c) {
     std::vector<int8_t> q(c.w.begin(), c.w.end());
     sp::pack_dense(c.kind, q.data(), c.n, c.k, reinterpret_cast<int8_t*>(p.bytes.data()));
   }
-  if (c.kind == Kind::int4) {
+  if (c.kind == Kind::int4 || c.kind == Kind::w4a8) {
     std::vector<uint8_t> codes(c.w.begin(), c.w.end());
     sp::pack_int4(codes.data(), c.d.data(), c.m.data(), c.n, c.k, reinterpret_cast<uint8_t*>(p.bytes.data()));
     p.sums.resize(ROWS * (kp / 32));
     sp::group_sums(c.x.data(), ROWS, kp, kp / 32, p.sums.data());
+  }
+  if (c.kind == Kind::w4a8) {
+    p.qa.resize(ROWS * kp), p.qs.resize(ROWS * (kp / 32) * 2);
+    sp::quantize_rows(c.x.data(), ROWS, kp, kp, p.qa.data(), p.qs.data());
   }
   return p;
 }
@@ -187,7 +222,9 @@ std::vector<uint32_t> run(const Case& c, const Packed& p, int row0, int rows, in
   sp::Problem pr{c.kind, c.x.data() + row0 * kp, rows, kp, kp, c.n, p.bytes.data(),
                  c.scale.empty() ? nullptr : c.scale.data(),
                  p.sums.empty() ? nullptr : p.sums.data() + row0 * (kp / 32),
-                 c.kind == Kind::f32 ? static_cast<void*>(f32.data()) : static_cast<void*>(bf16.data())};
+                 c.kind == Kind::f32 ? static_cast<void*>(f32.data()) : static_cast<void*>(bf16.data()),
+                 p.qa.empty() ? nullptr : p.qa.data() + row0 * kp,
+                 p.qs.empty() ? nullptr : p.qs.data() + row0 * (kp / 32) * 2};
   if (parallel) {
     sp::linear(pr);
   } else {
@@ -212,13 +249,13 @@ double value(Kind kind, uint32_t bits) { return kind == Kind::f32 ? from_bits(bi
 }  // namespace
 
 int main() {
-  const char* names[] = {"bfloat16", "float32", "int8", "int4"};
+  const char* names[] = {"bfloat16", "float32", "int8", "int4", "w4a8"};
   const int64_t dense[][2] = {{1, 32}, {16, 32}, {33, 70}, {100, 96}, {70, 200}, {24, 576}};
   const int64_t groups[][2] = {{1, 32}, {16, 32}, {33, 64}, {100, 96}, {70, 192}, {24, 576}};
   uint64_t hash = 1469598103934665603ull, checks = 0;  // FNV-1a over every row's outputs alone
-  for (Kind kind : {Kind::bf16, Kind::f32, Kind::int8, Kind::int4}) {
+  for (Kind kind : {Kind::bf16, Kind::f32, Kind::int8, Kind::int4, Kind::w4a8}) {
     uint64_t kind_hash = 1469598103934665603ull;
-    for (const auto& shape : kind == Kind::int4 ? groups : dense) {
+    for (const auto& shape : kind == Kind::int4 || kind == Kind::w4a8 ? groups : dense) {
       const Case c = make_case(kind, shape[0], shape[1]);
       const Packed p = pack(c);
       const int64_t blocks = sp::block_count(c.n);
@@ -249,7 +286,7 @@ int main() {
     }
     std::printf("%-8s hash %016llx\n", names[static_cast<int>(kind)], static_cast<unsigned long long>(kind_hash));
   }
-  std::printf("linear_test (%s): %llu checks, %d failures\n", sp::ISA, static_cast<unsigned long long>(checks), failures);
+  std::printf("linear_test (%s, dot %s): %llu checks, %d failures\n", sp::ISA, sp::DOT_ISA, static_cast<unsigned long long>(checks), failures);
   std::printf("hash %016llx\n", static_cast<unsigned long long>(hash));
   return failures ? 1 : 0;
 }

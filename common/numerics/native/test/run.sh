@@ -2,16 +2,18 @@
 # The native kernels' standalone tests (every *_test.cpp in this folder, no torch), each built three ways:
 #   native   this machine's best ISA (-march=native: AVX2 here, NEON on an ARM machine), with OpenMP
 #   scalar   no vector ISA (-DSTEPWISE_PORTABLE_SCALAR; on x86 also -mno-avx2 -mno-fma -mno-f16c)
+#   avx2     on an x86 CPU with more than AVX2 (-march=haswell): the AVX2 paths an AVX-512 or VNNI CPU skips natively
 #   aarch64  cross-built with aarch64-linux-gnu-g++ and run under qemu-aarch64 (NEON), from an x86 machine
+#   aarch64-dotprod  the same with -march=armv8.2-a+dotprod (SDOT, which W4A8's integer sums take where it exists)
 # Each test checks its own results and prints `hash <hex>` of all its outputs last; this fails unless every test
 # passes in every build and each test's hashes are equal across the builds: the same bits on every ISA.
 # The cross compiler and qemu come from Debian's g++-aarch64-linux-gnu and qemu-user, installed with apt-get
-# when missing (as root). Usage: run.sh [builds], e.g. run.sh native,scalar (default: all three).
+# when missing (as root). Usage: run.sh [builds], e.g. run.sh native,scalar (default: all five).
 # run.sh bench: build linear_bench.cpp natively, at the engine's -O3, and time the portable linear against this
 # core's multiply-add peak (`make native-bench`).
 set -euo pipefail
 cd "$(dirname "$0")"
-builds=${1:-native,scalar,aarch64}
+builds=${1:-native,scalar,avx2,aarch64,aarch64-dotprod}
 CXX=${CXX:-g++}
 FLAGS=(-O2 -std=c++17 -ffp-contract=off -Wall -I..)
 out=$(mktemp -d)
@@ -54,14 +56,18 @@ build() {  # build <test.cpp> <name>: compile one variant into $out/<test>-<name
   case $name in
     native) "$CXX" "${FLAGS[@]}" "${native_flags[@]}" "$src" -o "$bin" ;;
     scalar) "$CXX" "${FLAGS[@]}" "${scalar_flags[@]}" "$src" -o "$bin" ;;
-    aarch64) if [[ $(uname -m) == aarch64 ]]; then return 0; fi
-             aarch64-linux-gnu-g++ "${FLAGS[@]}" -fopenmp -static "$src" -o "$bin" 2>"$bin.log" ||
-               { cat "$bin.log" >&2; return 1; } ;;
+    avx2) if [[ $(uname -m) != x86_64 ]] || ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
+            return 0; fi
+          "$CXX" "${FLAGS[@]}" -march=haswell -fopenmp "$src" -o "$bin" ;;
+    aarch64*) if [[ $(uname -m) == aarch64 ]]; then return 0; fi
+              local arch=(); [[ $name == aarch64-dotprod ]] && arch=(-march=armv8.2-a+dotprod)
+              aarch64-linux-gnu-g++ "${FLAGS[@]}" "${arch[@]}" -fopenmp -static "$src" -o "$bin" 2>"$bin.log" ||
+                { cat "$bin.log" >&2; return 1; } ;;
   esac
 }
 
 run() {  # run <binary> <name>: its output, under qemu for aarch64
-  if [[ $2 == aarch64 ]]; then qemu-aarch64 "$1"; else "$1"; fi
+  if [[ $2 == aarch64* ]]; then qemu-aarch64 "$1"; else "$1"; fi
 }
 
 status=0

@@ -1,0 +1,100 @@
+// W4A8: the int4 records (Q4_1 groups, linear_portable_pack.h) times activations quantized to int8, group by group,
+// in integer dot products: what llama.cpp's Q4_1 x Q8_1 does. Part of linear_portable.h (after `Problem`).
+//
+// Why a second int4. The int4 kernels keep x in float32, so every weight costs a widening and a float
+// multiply-add; one request's decode is then bound by that arithmetic, not by reading the 4-bit weights. Here 4
+// inputs x 8 outputs are one integer instruction (VPDPBUSD with AVX-512 VNNI or AVX-VNNI, VPMADDUBSW + VPMADDWD on
+// AVX2, SDOT or SMLAL on NEON). Integer sums are exact in any order, so the bits are the same on every ISA and in
+// every batch by construction; the definition (tensor ops: common/numerics/linear_reference.py `w4a8`):
+//
+//   per row and group g of 32 inputs   amax = max |x_i|;  if amax >= 2^-100:  a_i = nearbyint(x_i * (127 / amax)),
+//                                      s = amax / 127  (a_i in -127..127; else a_i = 0, s = 0)
+//                                      ms = s * float(sum_i a_i)
+//   per output                         acc = 0;  group after group:
+//                                      acc = fma(m, ms, fma(d * s, float(sum_i q_i a_i), acc))
+//                                      y = bf16(acc)
+//
+// each operation in float32, rounding once (nearbyint: to nearest even). The price: each input is rounded to
+// 8 bits per group (relative error up to 1/254 of the group's largest), the same trade llama.cpp makes.
+#pragma once
+
+namespace stepwise_portable {
+
+#ifndef W4A8_AHEAD
+#define W4A8_AHEAD 2
+#endif
+constexpr float W4A8_MIN = 0x1p-100f;  // a group's largest |x| below this quantizes to zeros (127 / amax overflows)
+
+// Where input i of a group sits among its int8 inputs: each run of 8 holds its even inputs, then its odd ones, so
+// that one 32-bit word meets the low nibbles of a run's codes (inputs 8c, 8c + 2, ...), the next the high ones.
+inline int64_t w4a8_slot(int64_t i) { return i / 8 * 8 + i % 2 * 4 + i % 8 / 2; }
+
+// X [m][ldx] (float32) -> qa [m][kp] (int8, in w4a8_slot order) and qs [m][kp / 32][2] (s, ms), as defined above.
+inline void quantize_rows(const float* X, int64_t m, int64_t ldx, int64_t kp, int8_t* qa, float* qs) {
+  const int64_t groups = kp / GROUP;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* x = X + r * ldx + g * GROUP;
+      int8_t* a = qa + r * kp + g * GROUP;
+      float amax = 0.0f;
+      for (int i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(x[i]));
+      float s = 0.0f;
+      int sum = 0;
+      if (amax >= W4A8_MIN) {
+        const float inv = 127.0f / amax;
+        s = amax / 127.0f;
+        for (int i = 0; i < GROUP; ++i) {
+          const int q = static_cast<int>(std::nearbyint(x[i] * inv));
+          a[w4a8_slot(i)] = static_cast<int8_t>(q), sum += q;
+        }
+      } else {
+        std::fill(a, a + GROUP, int8_t{0});
+      }
+      qs[2 * (r * groups + g)] = s, qs[2 * (r * groups + g) + 1] = s * static_cast<float>(sum);
+    }
+}
+
+// R rows x C blocks of records into acc[r][c][16]. A group's sums are integers (`Dot`), scaled into float32 once
+// per group; the records are read once per call of up to MAX_ROWS rows.
+template <int R, int C>
+void dot_w4a8(const int8_t* qa, int64_t kp, const float* qs, const char* const* blocks, bool ahead,
+              float (&acc)[R][C][16]) {
+  const int64_t groups = kp / GROUP;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) std::fill(acc[r][c], acc[r][c] + 16, 0.0f);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* records[C];
+    for (int c = 0; c < C; ++c) {
+      records[c] = reinterpret_cast<const uint8_t*>(blocks[c]) + g * INT4_RECORD;
+      if (ahead)
+        for (int l = 0; l < INT4_RECORD; l += 64) prefetch(records[c] + W4A8_AHEAD * groups * INT4_RECORD + l);
+    }
+    Dot part[R][C][2];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) part[r][c][0] = part[r][c][1] = dot_zero();
+    for (int run = 0; run < 4; ++run) {  // inputs 8 run .. 8 run + 7: the low nibbles meet the even ones
+      Bytes32 lo[C][2], hi[C][2];
+      for (int c = 0; c < C; ++c)
+        for (int h = 0; h < 2; ++h) split_codes(records[c] + 64 + 32 * (2 * run + h), lo[c][h], hi[c][h]);
+      for (int r = 0; r < R; ++r) {
+        int32_t even, odd;
+        std::memcpy(&even, qa + r * kp + g * GROUP + 8 * run, 4);
+        std::memcpy(&odd, qa + r * kp + g * GROUP + 8 * run + 4, 4);
+        for (int c = 0; c < C; ++c)
+          for (int h = 0; h < 2; ++h) part[r][c][h] = dot_add(dot_add(part[r][c][h], lo[c][h], even), hi[c][h], odd);
+      }
+    }
+    for (int c = 0; c < C; ++c)
+      for (int h = 0; h < 2; ++h) {
+        const uint16_t* half = reinterpret_cast<const uint16_t*>(records[c]) + 8 * h;
+        const V8 d = widen_half(half), mins = widen_half(half + 16);
+        for (int r = 0; r < R; ++r) {
+          const float* q = qs + 2 * (r * groups + g);
+          const V8 a = fma(mul(d, broadcast(q[0])), dot_value(part[r][c][h]), load(acc[r][c] + 8 * h));
+          store(acc[r][c] + 8 * h, fma(mins, broadcast(q[1]), a));
+        }
+      }
+  }
+}
+
+}  // namespace stepwise_portable
