@@ -1,6 +1,7 @@
 """stages/bench/edge.py: the per-precision measurement runs in a fresh process and reports figures that add up."""
 import pytest
 
+from common.numerics import native
 from common.numerics.quant import precision_bytes
 from stages.bench import machine
 from stages.bench import edge, edge_measure
@@ -50,12 +51,17 @@ def test_speed_ratios_are_taken_round_by_round():
     assert ratios["int4 / llama.cpp, reference"] == [1.0, 1.0]
     assert "int4 / llama.cpp, stage 04" not in edge.speed_ratios([{k: v for k, v in r.items() if "llama" not in k}
                                                                   for r in by_round])
+    assert not any(k.startswith("w4a8") for k in ratios)  # a precision that did not run has no ratio
+    for r, w4a8 in zip(by_round, (row(10, 2), row(30, 6))):
+        r["w4a8"] = w4a8
+    ratios = edge.speed_ratios(by_round)
+    assert ratios["w4a8 / bfloat16, stage 04"] == [5.0, 5.0] and ratios["w4a8 / llama.cpp, stage 04"] == [6.0, 4.0]
 
 
 def test_side_by_side_decodes_every_precision_in_turns_in_one_process(tiny_folder):
     times = edge.in_fresh_process(["--child", "side-by-side", "--model", "tiny", "--tokens", "4",
                                    "--side-by-side", "3"])
-    assert sorted(times) == ["bfloat16", "int4", "int8"]
+    assert sorted(times) == sorted(["bfloat16", "int4", "int8"] + (["w4a8"] if native.w4a8_kernel() else []))
     assert all(len(t) == 3 and min(t) > 0 for t in times.values())
 
 

@@ -35,7 +35,7 @@ from rich.table import Table
 from common.paths import DEFAULT_MODEL
 from stages.bench import children
 from stages.bench.machine import measure_read_bandwidth
-from stages.bench.edge_measure import (PRECISIONS, measure_llama_cpp, measure_side_by_side, measure_stepwise,
+from stages.bench.edge_measure import (measure_llama_cpp, measure_side_by_side, measure_stepwise, precisions,
                                        side_by_side_ratios)
 
 TARGET_MS = 100.0  # the lesson's latency target: a token, and the first one, within 100 ms
@@ -53,7 +53,7 @@ def measure(model: str = DEFAULT_MODEL, tokens: int = 64, llama_cpp: bool = True
     """Read bandwidth, each precision's figures (medians over ``rounds`` interleaved runs) and every round's rows."""
     bandwidth = measure_read_bandwidth()
     children = {("bfloat16" if q == "none" else q): ["--child", q, "--model", model, "--tokens", str(tokens)]
-                for q in PRECISIONS}
+                for q in precisions()}
     if llama_cpp and model == DEFAULT_MODEL:
         try:
             import llama_cpp  # noqa: F401
@@ -70,13 +70,15 @@ def measure(model: str = DEFAULT_MODEL, tokens: int = 64, llama_cpp: bool = True
 
 
 def speed_ratios(by_round: list[dict]) -> dict[str, list[float]]:
-    """Decode-rate ratios per round (each a quotient of two times measured in the same round): int8 and int4
-    against bfloat16, on the reference's path and through stage 04, and int4 against llama.cpp."""
+    """Decode-rate ratios per round (each a quotient of two times measured in the same round): int8, int4 and w4a8
+    against bfloat16, on the reference's path and through stage 04, and int4 and w4a8 against llama.cpp (whose
+    Q4_1 x Q8_1 is w4a8's kind of arithmetic)."""
     pairs = {"int8 / bfloat16": ("int8", "bfloat16"), "int4 / bfloat16": ("int4", "bfloat16"),
-             "int4 / llama.cpp": ("int4", "llama.cpp Q4_1")}
+             "w4a8 / bfloat16": ("w4a8", "bfloat16"), "int4 / llama.cpp": ("int4", "llama.cpp Q4_1"),
+             "w4a8 / llama.cpp": ("w4a8", "llama.cpp Q4_1")}
     ratios = {}
     for label, (fast, base) in pairs.items():
-        if base not in by_round[0]:
+        if base not in by_round[0] or fast not in by_round[0]:
             continue
         for path, figure in (("reference", "ms per token"), ("stage 04", "ms per token, stage 04")):
             base_figure = "ms per token" if base == "llama.cpp Q4_1" else figure
@@ -129,7 +131,7 @@ def main(argv=None) -> dict:
         times = in_fresh_process(["--child", "side-by-side", "--model", args.model, "--tokens", str(args.tokens),
                                   "--side-by-side", str(args.side_by_side)])
         side = side_by_side_ratios(times)
-        for q in ("int8", "int4"):
+        for q in [q for q in ("int8", "int4", "w4a8") if f"{q} / bfloat16, stage 04" in side]:
             values = side[f"{q} / bfloat16, stage 04"]
             low, mid, high = np.percentile(values, [25, 50, 75])
             console.print(f"decode speed {q} / bfloat16, stage 04, side by side in one process: {mid:.2f}x (quartiles "

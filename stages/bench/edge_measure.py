@@ -10,7 +10,11 @@ import numpy as np
 from common.paths import DEFAULT_MODEL
 from stages import kernels as stage_04
 
-PRECISIONS = ("none", "int8", "int4")
+def precisions() -> tuple[str, ...]:
+    """What the edge lesson measures: bfloat16 ("none"), int8, int4, and w4a8 where our kernels built (it has no
+    other kernel)."""
+    from common.numerics import native
+    return ("none", "int8", "int4") + (("w4a8",) if native.w4a8_kernel() else ())
 LONG_PROMPT = 512
 
 
@@ -67,7 +71,7 @@ def measure_side_by_side(model: str, tokens: int, alternations: int) -> dict[str
 
     engines = {("bfloat16" if q == "none" else q): stage_04.LLM(model, dtype="bfloat16", max_num_seqs=1,
                                                              quantization=None if q == "none" else q)
-               for q in PRECISIONS}
+               for q in precisions()}
     chat, _ = prompts(engines["bfloat16"].tokenizer)
     for llm in engines.values():  # warm-up
         llm.generate([chat], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
@@ -80,9 +84,9 @@ def measure_side_by_side(model: str, tokens: int, alternations: int) -> dict[str
 
 
 def side_by_side_ratios(times: dict[str, list[float]]) -> dict[str, list[float]]:
-    """int8 and int4 against bfloat16, turn by turn (each a quotient of two times from the same turn)."""
+    """int8, int4 and w4a8 against bfloat16, turn by turn (each a quotient of two times from the same turn)."""
     return {f"{q} / bfloat16, stage 04": [b / t for b, t in zip(times["bfloat16"], times[q])]
-            for q in ("int8", "int4") if q in times}
+            for q in ("int8", "int4", "w4a8") if q in times}
 
 
 def time_per_call_fit(samples: list[tuple[int, float]]) -> tuple[float, float]:
