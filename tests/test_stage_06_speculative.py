@@ -302,6 +302,19 @@ def test_the_kv_bytes_after_a_rejected_draft_are_plain_decodings():
         assert torch.equal(kv, plain.kv[key]), f"request {key[0]} at {key[1]} tokens"
 
 
+def test_a_w4a8_draft_keeps_the_tokens(reference):
+    """The draft's precision changes only what is proposed: a w4a8 copy (int4 weights, int8 activations) drafts
+    and the target keeps the reference's tokens, greedy and sampled."""
+    prompts = [[5, 6, 7, 8, 9], [100, 200, 300], [17, 99, 5, 301, 2]]
+    params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=16, n=2),
+              SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
+    llm, checked = spec_llm({"method": "draft_model", "num_speculative_tokens": 3, "quantization": "w4a8"}, blocks=16)
+    assert llm.engine.scheduler.proposer.model.quantization == "w4a8"
+    same_outputs(llm.generate(prompts, params), reference.generate(prompts, params))
+    assert checked.verify_steps > 0
+
+
 def test_the_draft_model_keeps_the_tokens_and_drafts_the_int4_models_own_greedy_answer(reference):
     """The int4 copy drafts greedily from its own paged KV cache, catching up on the kept tokens and rolling back
     its rejected drafts: each draft must be exactly the int4 model's one-request-at-a-time greedy continuation
