@@ -80,6 +80,23 @@ inline void group_sums(const float* X, int64_t m, int64_t ldx, int64_t groups, f
     }
 }
 
+// How far ahead int4's records (and w4a8's) are requested: the same group of the block AHEAD_BLOCKS on. A thread
+// walks its blocks two at a time, each a short run of records (18 or 48 at SmolLM2's shapes), so requesting a few
+// records ahead inside a block never reached the next pair, whose first records then came late. On the Zen 4 EPYC,
+// one row through 30 layers' int4 projections from memory (AVX2 build, 66 MB): 3.07-3.13 ms a pass -> 2.35-2.38.
+constexpr int64_t AHEAD_BLOCKS = 2;
+
+// Group g's record of each of C blocks; with `ahead`, the same group AHEAD_BLOCKS blocks on requested.
+template <int C>
+inline void group_records(const char* const* blocks, int64_t g, int64_t groups, bool ahead,
+                          const uint8_t* (&records)[C]) {
+  for (int c = 0; c < C; ++c) {
+    records[c] = reinterpret_cast<const uint8_t*>(blocks[c]) + g * INT4_RECORD;
+    if (ahead)
+      for (int l = 0; l < INT4_RECORD; l += 64) prefetch(records[c] + AHEAD_BLOCKS * groups * INT4_RECORD + l);
+  }
+}
+
 }  // namespace stepwise_portable
 
 #include "linear_portable_w4a8.h"
@@ -179,11 +196,7 @@ void dot_int4(const float* X, int64_t ldx, int64_t groups, const float* sums, co
     for (int c = 0; c < C; ++c) std::fill(acc[r][c], acc[r][c] + 16, 0.0f);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* records[C];
-    for (int c = 0; c < C; ++c) {
-      records[c] = reinterpret_cast<const uint8_t*>(blocks[c]) + g * INT4_RECORD;
-      if (ahead)
-        for (int l = 0; l < INT4_RECORD; l += 64) prefetch(records[c] + 4 * INT4_RECORD + l);
-    }
+    group_records<C>(blocks, g, groups, ahead, records);
     V8 part[R][C][2];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) part[r][c][0] = part[r][c][1] = zero();

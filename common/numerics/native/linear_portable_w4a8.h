@@ -20,9 +20,6 @@
 
 namespace stepwise_portable {
 
-#ifndef W4A8_AHEAD
-#define W4A8_AHEAD 2
-#endif
 constexpr float W4A8_MIN = 0x1p-100f;  // a group's largest |x| below this quantizes to zeros (127 / amax overflows)
 
 // Where input i of a group sits among its int8 inputs: each run of 8 holds its even inputs, then its odd ones, so
@@ -125,11 +122,7 @@ void dot_w4a8(const int8_t* qa, int64_t kp, const float* qs, const char* const* 
     for (int c = 0; c < C; ++c) std::fill(acc[r][c], acc[r][c] + 16, 0.0f);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* records[C];
-    for (int c = 0; c < C; ++c) {
-      records[c] = reinterpret_cast<const uint8_t*>(blocks[c]) + g * INT4_RECORD;
-      if (ahead)
-        for (int l = 0; l < INT4_RECORD; l += 64) prefetch(records[c] + W4A8_AHEAD * groups * INT4_RECORD + l);
-    }
+    group_records<C>(blocks, g, groups, ahead, records);
     Dot part[R][C][2];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) part[r][c][0] = part[r][c][1] = dot_zero();
