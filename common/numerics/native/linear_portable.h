@@ -43,7 +43,6 @@ namespace stepwise_portable {
 // Rows x blocks in registers: 4 rows x 16 outputs are 8 AVX2 accumulators (16 NEON ones), which leaves room for a
 // line's weights widened, the raw line and a broadcast input (6 rows spilled accumulators to the stack on AVX2).
 constexpr int MAX_ROWS = 4, GROUP_BLOCKS = 4;
-constexpr int64_t PREFETCH_BYTES = 1024;  // how far ahead of its loads each block's weights are requested
 
 // VCVTNEPS2BF16: round to nearest even; zero and subnormal -> signed zero; NaN stays a (quiet) NaN.
 inline uint16_t round_bf16(float f) {
@@ -80,10 +79,11 @@ inline void group_sums(const float* X, int64_t m, int64_t ldx, int64_t groups, f
     }
 }
 
-// How far ahead int4's records (and w4a8's) are requested: the same group of the block AHEAD_BLOCKS on. A thread
-// walks its blocks two at a time, each a short run of records (18 or 48 at SmolLM2's shapes), so requesting a few
-// records ahead inside a block never reached the next pair, whose first records then came late. On the Zen 4 EPYC,
-// one row through 30 layers' int4 projections from memory (AVX2 build, 66 MB): 3.07-3.13 ms a pass -> 2.35-2.38.
+// How far ahead a block's weights are requested: the same line (int4, w4a8: the same group) of the block
+// AHEAD_BLOCKS on. A thread walks its blocks two at a time, each a short run (int4: 18 or 48 records at SmolLM2's
+// shapes; int8: 9 KB), so requesting a little ahead inside a block never reached the next pair, whose first lines
+// then came late. On the Zen 4 EPYC, AVX2 build, one row from memory: 30 layers' int4 projections (66 MB)
+// 3.07-3.13 ms a pass -> 2.35-2.38; the int8 LM head (28 MB) 969-1,046 µs -> 737-874 (1 KB ahead, before).
 constexpr int64_t AHEAD_BLOCKS = 2;
 
 // Group g's record of each of C blocks; with `ahead`, the same group AHEAD_BLOCKS blocks on requested.
@@ -142,7 +142,7 @@ void dot(const float* X, int64_t ldx, int64_t kp, const char* const* blocks, boo
     const char* lines[C];
     for (int c = 0; c < C; ++c) {
       lines[c] = blocks[c] + i / IN * 64;
-      if (ahead) prefetch(lines[c] + PREFETCH_BYTES);
+      if (ahead) prefetch(lines[c] + AHEAD_BLOCKS * (kp / IN) * 64);  // this line of the block two on
     }
     multiply_input<K, 0>(X, ldx, i, lines, acc);
     if constexpr (IN > 1) multiply_input<K, 1>(X, ldx, i + 1, lines, acc);
