@@ -44,26 +44,20 @@ class Int4Linear(QuantizedLinear):
         self.plain, self.activations = plain, activations
         self.triton = None if activations == 8 else cuda_kernels(device)
         self.records = None
-        if activations == 8:
-            if not (kernel := native.w4a8_kernel()) or (device is not None and torch.device(device).type != "cpu"):
-                raise ValueError("w4a8 runs on stepwise's native CPU kernels only; use int4")
-            self.kernel_name, self.kernel_arg = kernel, "w4a8"
-            self.native_kernels = native.kernels(native.LINEAR_SOURCE)
-            self.records = self.native_kernels.pack_int4_portable(
-                *(torch.from_numpy(np.ascontiguousarray(t)) for t in
-                  (codes.astype(np.uint8), d.astype(np.float16), m.astype(np.float16))))
-            self.nbytes = self.records.numel()
-            return
+        if activations == 8 and (not native.w4a8_kernel() or torch.device(device or "cpu").type != "cpu"):
+            raise ValueError("w4a8 runs on stepwise's native CPU kernels only; use int4")
         if self.triton is not None:  # the GGUF's bytes and its fp16 d and m, as they are
             self.nibbles = self.triton.q4_1_nibbles(codes).to(device)
             self.d, self.m = (torch.from_numpy(t.astype(np.float16)).to(device) for t in (d, m))
             self.nbytes = self.nibbles.numel() + 2 * self.d.numel() * self.d.element_size()
             return
-        if not plain and (kernel := native.int4_kernel()):  # the GGUF's codes, d and m, in our kernels' order
+        # w4a8: the portable kernel's records, plain or not (its rows are independent anyway)
+        kernel = native.w4a8_kernel() if activations == 8 else None if plain else native.int4_kernel()
+        if kernel:  # the GGUF's codes, d and m, in our kernels' order
             self.kernel_name, self.native_kernels = kernel, native.kernels(native.LINEAR_SOURCE)
-            self.kernel_arg = native.LINEAR_KERNELS[kernel]
+            self.kernel_arg = "w4a8" if activations == 8 else native.LINEAR_KERNELS[kernel]
             ops = self.native_kernels
-            pack = ops.pack_int4_portable if native.is_portable(kernel) else ops.pack_int4
+            pack = ops.pack_int4_portable if self.kernel_arg in ("portable", "w4a8") else ops.pack_int4
             self.records = pack(*(torch.from_numpy(np.ascontiguousarray(t)) for t in
                                   (codes.astype(np.uint8), d.astype(np.float16), m.astype(np.float16))))
             self.nbytes = self.records.numel()

@@ -100,11 +100,13 @@ def measure_op(kind: str, shapes: list, copies: int, gen: torch.Generator) -> li
     blocks = [q4_1_quantize(w) if kind in ("int4", "w4a8") else None for w in weights]
     exact = [exact_weights(kind, w, b) for w, b in zip(weights, blocks)]
     inputs = {rows: [torch.randn(rows, i, generator=gen).bfloat16() for _, i in shapes] for rows in ROWS}
-    out = []
+    out, definitions = [], {}
     second = ("int4's kernel", "int4") if kind == "w4a8" else ("old path", "torch")
     for version, choice in (("reference: torch float32", None), second, ("ours", "auto")):
         made = "int4" if choice == "int4" else kind
-        expected = [definition(made, x[:CHECK_ROWS], w, b) for x, w, b in zip(inputs[64], weights, blocks)]
+        if made not in definitions:  # slow (a Python loop over the inputs): once per definition
+            definitions[made] = [definition(made, x[:CHECK_ROWS], w, b) for x, w, b in zip(inputs[64], weights, blocks)]
+        expected = definitions[made]
         if choice is None:  # one copy: its time is compute, not memory
             used, name, apply = 1, version, [[lambda x, w=w: x.float() @ w.t() for w in exact]]
         else:

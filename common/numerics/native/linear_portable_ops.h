@@ -68,7 +68,9 @@ at::Tensor linear_portable(const at::Tensor& x, const at::Tensor& packed, const 
                            int64_t n, bool w4a8 = false) {
   const sp::Kind kind = w4a8 ? sp::Kind::w4a8 : portable_kind(packed);
   TORCH_CHECK(!w4a8 || packed.scalar_type() == at::kByte, "w4a8 reads int4 records (pack_int4_portable)");
+  // int4 records (int4 and w4a8) share a layout; int4 alone takes the group sums of x, w4a8 its rows in int8
   const bool f32 = kind == sp::Kind::f32, int8 = kind == sp::Kind::int8, int4 = kind == sp::Kind::int4 || w4a8;
+  const bool sums_of_x = kind == sp::Kind::int4;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == (f32 ? at::kFloat : at::kBFloat16),
               f32 ? "x must be 2-D float32 for float32 weights" : "x must be 2-D bfloat16");
   TORCH_CHECK(packed.is_contiguous() && packed.dim() == (kind == sp::Kind::bf16 ? 4 : 3) &&
@@ -105,8 +107,8 @@ at::Tensor linear_portable(const at::Tensor& x, const at::Tensor& packed, const 
   }
   const at::Tensor scale = int8 ? scales->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!int8 || scale.numel() >= n, "one scale per output");
-  std::vector<float> sums(int4 && !w4a8 ? m * (kp / sp::GROUP) : 0);
-  if (int4 && !w4a8) sp::group_sums(X, m, kp, kp / sp::GROUP, sums.data());
+  std::vector<float> sums(sums_of_x ? m * (kp / sp::GROUP) : 0);
+  if (sums_of_x) sp::group_sums(X, m, kp, kp / sp::GROUP, sums.data());
   thread_local std::vector<int8_t> qa;  // this (calling) thread's: the workers below write through pointers
   thread_local std::vector<float> qs;
   if (w4a8) {
