@@ -113,7 +113,7 @@ inline void quantize_rows(const float* X, int64_t m, int64_t ldx, int64_t kp, in
 }
 
 // R rows x C blocks of records into acc[r][c][16]. A group's sums are integers (`Dot`), scaled into float32 once
-// per group; the records are read once per call of up to MAX_ROWS rows.
+// per group; the records are read once per pass of up to `max_rows` rows.
 template <int R, int C>
 void dot_w4a8(const int8_t* qa, int64_t kp, const float* qs, const char* const* blocks, bool ahead,
               float (&acc)[R][C][16]) {
