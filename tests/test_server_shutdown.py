@@ -65,6 +65,19 @@ def open_streams(url: str, n: int) -> tuple[list[threading.Thread], dict, thread
     return threads, results, started
 
 
+def wait_until_in_engine(url: str, n: int, timeout: float = 30) -> None:
+    """Until the engine holds n requests (/metrics: waiting + running): a request the server has not accepted yet
+    would meet a closed socket at SIGTERM, not the 503 this test is about."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = httpx.get(url + "/metrics", timeout=5).text
+        held = sum(float(m) for m in re.findall(r"^stepwise_requests_(?:waiting|running) (\S+)$", text, re.M))
+        if held >= n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the engine never held {n} requests:\n{text}")
+
+
 GRACE = 0.25  # seconds: the tiny model generated 1,000 tokens for four requests in about one second on a fast CPU
 
 
@@ -75,7 +88,8 @@ def test_sigterm_ends_every_stream_with_an_event_and_exits_within_the_grace_peri
     waiter = threading.Thread(target=lambda: plain.update(r=httpx.post(server.url + "/v1/completions", json=LONG,
                                                                         timeout=60)))
     waiter.start()
-    started.wait()  # three streams are generating and a non-streaming request is in flight
+    started.wait()  # three streams are generating
+    wait_until_in_engine(server.url, 4)  # and the non-streaming request too (not still in the listen backlog)
     sent = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.1)  # within the grace period: the listener is closed, the server still running
