@@ -42,14 +42,15 @@ namespace stepwise_portable {
 
 // Rows per pass over a block, in registers. AVX2 has 16 vector registers and 16 outputs take 2, so R rows are 2R
 // accumulators beside what one input step needs: float32 weights (a float32 model, or int8 and int4 widened once
-// per block) two weight vectors and a broadcast, room for 6 rows; bfloat16 pairs and w4a8's codes a little more,
-// 5 rows (bfloat16 at 6 spilled to the stack: 0.8x); int8 and int4 decoded in registers, 4. A call's rows are cut
-// into passes as even as can be (8 rows: 4 + 4, not 6 + 2). On the Zen 4 EPYC, AVX2 build, against 4-row passes,
-// alternated in one process, median ratios: 64 rows 1.05-1.10x (int4 and int8 widened, bfloat16) and 1.17-1.24x
-// (w4a8); 13 rows 1.06-1.16x; 5 rows 1.2-1.5x; 8 and 16 rows the same.
+// per block) two weight vectors and a broadcast, room for 6 rows; w4a8's integer sums 6 as well (8 were no faster
+// from 16 rows up); bfloat16 pairs 5 (at 6 they spilled to the stack: 0.8x); int8 and int4 decoded in registers, 4.
+// A call's rows are cut into passes as even as can be (8 rows: 4 + 4, not 6 + 2). On the Zen 4 EPYC, AVX2 build,
+// against 4-row passes, alternated in one process, median ratios: 64 rows 1.05-1.10x (int4 and int8 widened,
+// bfloat16) and 1.17-1.24x (w4a8); 13 rows 1.06-1.16x; 5 rows 1.2-1.5x; w4a8 at 6 rows against 5: 16 rows
+// 1.18-1.20x, 64 rows the same.
 constexpr int GROUP_BLOCKS = 4;
 constexpr int64_t max_rows(Kind kind, bool widened) {
-  return widened || kind == Kind::f32 ? 6 : kind == Kind::bf16 || kind == Kind::w4a8 ? 5 : 4;
+  return widened || kind == Kind::f32 || kind == Kind::w4a8 ? 6 : kind == Kind::bf16 ? 5 : 4;
 }
 
 // `rows` rows in passes of at most `most`, as even as can be: run(row0, rows) for each.
