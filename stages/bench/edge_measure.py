@@ -10,12 +10,14 @@ import numpy as np
 from common.paths import DEFAULT_MODEL
 from stages import kernels as stage_04
 
+LONG_PROMPT = 512
+
+
 def precisions() -> tuple[str, ...]:
     """What the edge lesson measures: bfloat16 ("none"), int8, int4, and w4a8 where our kernels built (it has no
     other kernel)."""
     from common.numerics import native
     return ("none", "int8", "int4") + (("w4a8",) if native.w4a8_kernel() else ())
-LONG_PROMPT = 512
 
 
 def memory_mb(field: str) -> float:

@@ -42,12 +42,9 @@ namespace stepwise_portable {
 
 // Rows per pass over a block, in registers. AVX2 has 16 vector registers and 16 outputs take 2, so R rows are 2R
 // accumulators beside what one input step needs: float32 weights (a float32 model, or int8 and int4 widened once
-// per block) two weight vectors and a broadcast, room for 6 rows; w4a8's integer sums 6 as well (8 were no faster
-// from 16 rows up); bfloat16 pairs 5 (at 6 they spilled to the stack: 0.8x); int8 and int4 decoded in registers, 4.
-// A call's rows are cut into passes as even as can be (8 rows: 4 + 4, not 6 + 2). On the Zen 4 EPYC, AVX2 build,
-// against 4-row passes, alternated in one process, median ratios: 64 rows 1.05-1.10x (int4 and int8 widened,
-// bfloat16) and 1.17-1.24x (w4a8); 13 rows 1.06-1.16x; 5 rows 1.2-1.5x; w4a8 at 6 rows against 5: 16 rows
-// 1.18-1.20x, 64 rows the same.
+// per block) two weight vectors and a broadcast, room for 6 rows; w4a8's integer sums 6 as well; bfloat16 pairs 5
+// (at 6 they spilled to the stack); int8 and int4 decoded in registers, 4. A call's rows are cut into passes as
+// even as can be (8 rows: 4 + 4, not 6 + 2). Measured: docs/native-kernels.md ("third stop").
 constexpr int GROUP_BLOCKS = 4;
 constexpr int64_t max_rows(Kind kind, bool widened) {
   return widened || kind == Kind::f32 || kind == Kind::w4a8 ? 6 : kind == Kind::bf16 ? 5 : 4;
@@ -102,8 +99,7 @@ inline void group_sums(const float* X, int64_t m, int64_t ldx, int64_t groups, f
 // How far ahead a block's weights are requested: the same line (int4, w4a8: the same group) of the block
 // AHEAD_BLOCKS on. A thread walks its blocks two at a time, each a short run (int4: 18 or 48 records at SmolLM2's
 // shapes; int8: 9 KB), so requesting a little ahead inside a block never reached the next pair, whose first lines
-// then came late. On the Zen 4 EPYC, AVX2 build, one row from memory: 30 layers' int4 projections (66 MB)
-// 3.07-3.13 ms a pass -> 2.35-2.38; the int8 LM head (28 MB) 969-1,046 µs -> 737-874 (1 KB ahead, before).
+// then came late (docs/native-kernels.md has the passes from memory before and after).
 constexpr int64_t AHEAD_BLOCKS = 2;
 
 // Group g's record of each of C blocks; with `ahead`, the same group AHEAD_BLOCKS blocks on requested.
