@@ -80,6 +80,15 @@ def test_matmul_rate_is_two_flops_per_multiply_add(monkeypatch):
     assert machine.measure_matmul_flops(n=n) == pytest.approx(2 * n**3 * 4 / 0.8)
 
 
+def test_compute_ceiling_is_the_faster_of_the_dtype_and_float32(monkeypatch):
+    rates = {torch.bfloat16: 1e9, torch.float32: 180e9}  # an AVX2 CPU: torch's bfloat16 matmul on a scalar path
+    monkeypatch.setattr(machine, "measure_matmul_flops", lambda device="cpu", dtype=torch.bfloat16: rates[dtype])
+    assert machine.measure_compute("cpu", torch.bfloat16) == (180e9, " (float32; bfloat16 1)")
+    rates[torch.bfloat16] = 436e9  # AVX-512 BF16: the 16-bit path is the faster
+    assert machine.measure_compute("cpu", torch.bfloat16) == (436e9, "")
+    assert machine.measure_compute("cpu", torch.float32) == (180e9, "")
+
+
 def test_measurements_on_this_machine_are_plausible():
     assert 1e8 < machine.measure_bandwidth(mb=16, repeats=2) < 1e13
     assert 1e8 < machine.measure_matmul_flops(n=256) < 1e16

@@ -71,7 +71,7 @@ class Ladder:
     params: list
     ids: list[list[int]]  # the prompts as token ids, what every engine and peer is given
     work: peers.Workload
-    machine: dict  # "copy" and "read" bandwidth (bytes/s), "flops" (matmul FLOP/s)
+    machine: dict  # "copy" and "read" bandwidth (bytes/s), "flops" (`machine.measure_compute`, FLOP/s)
     alone: dict  # one request alone: the reference's figures, then the best stage's and the peers'
     in_flight: list[int]
     stage_runs: dict = field(default_factory=dict)  # in-flight limit -> stage -> its (median) row
@@ -103,7 +103,7 @@ def measure(args: argparse.Namespace, console: Console) -> Ladder:
     reference (the ceiling each stage is held against)."""
     torch.manual_seed(0)
     copy_bw, read_bw = machine.measure_bandwidth(args.device), machine.measure_read_bandwidth(args.device)
-    flops = machine.measure_matmul_flops(args.device, getattr(torch, args.dtype))
+    flops, which = machine.measure_compute(args.device, getattr(torch, args.dtype))
     ref = ReferenceLLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization)
     if args.workload == "random":
         lo, hi = map(int, args.prompt_range.split(","))
@@ -123,7 +123,7 @@ def measure(args: argparse.Namespace, console: Console) -> Ladder:
     console.print(f"[bold]ladder:[/] {args.workload}, {len(prompts)} requests, {sum(map(len, ids)):,} prompt tokens, "
                   f"{args.model}, {args.dtype}{f' ({args.quantization} weights)' if args.quantization else ''}, "
                   f"{args.device}, {os.cpu_count()} CPUs, read bandwidth {read_bw / 1e9:.1f} GB/s (copy "
-                  f"{copy_bw / 1e9:.1f}), matmul {flops / 1e9:,.0f} GFLOP/s")
+                  f"{copy_bw / 1e9:.1f}), matmul {flops / 1e9:,.0f} GFLOP/s{which}")
     in_flight = [int(n) for n in (args.in_flight or str(args.max_num_seqs)).split(",")]
     return Ladder(args, prompts, params, ids, work, {"copy": copy_bw, "read": read_bw, "flops": flops}, alone,
                   in_flight)

@@ -24,7 +24,7 @@ from rich.table import Table
 from common.config import kv_bytes
 from common.paths import DEFAULT_MODEL
 
-from .machine import measure_bandwidth, measure_matmul_flops
+from .machine import measure_bandwidth, measure_compute
 
 capacity = importlib.import_module("stages.03_paged_kv.capacity")  # how many requests fit: stage 03's lesson
 
@@ -139,7 +139,7 @@ def machine_figures(model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device:
     llm = load_model(resolve_model(model), parse_dtype(dtype), torch.device(device))
     c, weights = llm.config, llm.weight_bytes
     per_token = c.kv_bytes_per_token(parse_dtype(dtype).itemsize)
-    bw, flops = measure_bandwidth(device), measure_matmul_flops(device, parse_dtype(dtype))
+    bw, (flops, _) = measure_bandwidth(device), measure_compute(device, parse_dtype(dtype))
     return {
         "weight MB": weights / 1e6, "KV bytes per token": per_token,
         "copy bandwidth GB/s": bw / GB, "matmul GFLOP/s": flops / 1e9,
