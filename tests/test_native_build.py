@@ -156,6 +156,23 @@ def test_apple_clang_gets_mcpu_the_lookup_flag_and_torchs_libomp(tmp_path):
     assert flags.choose_flags(FakeCompiler(set()), "Linux", [], None)["arch"] == []
 
 
+def test_stepwise_march_builds_for_the_named_cpu_or_says_why_not(tmp_path, monkeypatch):
+    """STEPWISE_MARCH=haswell: an AVX2 laptop's kernels built here; a CPU the compiler does not know is refused,
+    never quietly replaced by a native build. The probe is kept apart from the native one."""
+    gcc = FakeCompiler({"-march=native", "-march=haswell", "-fopenmp"})
+    chosen = flags.choose_flags(gcc, "Linux", [], None, march="haswell")
+    assert chosen["arch"] == ["-march=haswell"] and chosen["openmp"] == ["-fopenmp"]
+    assert (["-march=native"], flags.PLAIN) not in gcc.calls and "haswell" in chosen["notes"][0]
+    with pytest.raises(RuntimeError, match="STEPWISE_MARCH=znver9: .* refuses -march=znver9"):
+        flags.choose_flags(gcc, "Linux", [], None, march="znver9")
+    monkeypatch.setattr(flags, "_works", lambda cxx, folder: FakeCompiler({"-march=native", "-march=haswell"}))
+    native_probe = flags.probed(tmp_path, "cpu", None)
+    monkeypatch.setenv("STEPWISE_MARCH", "haswell")
+    assert flags.probed(tmp_path, "cpu", None)["arch"] == ["-march=haswell"]
+    monkeypatch.delenv("STEPWISE_MARCH")
+    assert flags.probed(tmp_path, "cpu", None) == native_probe and native_probe["arch"] == ["-march=native"]
+
+
 def test_a_compiler_that_builds_nothing_is_an_error():
     with pytest.raises(RuntimeError, match="cannot build a shared library"):
         flags.choose_flags(lambda given, source: False, "Linux", [], None)

@@ -8,6 +8,10 @@ without libomp-dev; there the kernels split their work on threads of their own (
 bits. And macOS's linker must be told to leave Python's symbols to the interpreter (``-undefined dynamic_lookup``,
 as torch's own ``cpp_extension`` adds there).
 
+``$STEPWISE_MARCH`` names a CPU to build for instead of this one (``-march=haswell``, ``-march=znver1``): the
+kernels an AVX2 laptop would run, built and timed on a bigger machine (docs/measuring.md says what that shows and
+what it cannot).
+
 Each probe compiles and links a few lines into a shared library; ``choose_flags`` takes the compiler's answers
 as a function, so a test can fake them.
 """
@@ -55,14 +59,23 @@ def openmp_homes() -> list[Path]:
 
 
 def choose_flags(works: Callable[[list[str], str], bool], system: str, homes: list[Path],
-                 torch_lib: Path | None) -> dict:
+                 torch_lib: Path | None, march: str | None = None) -> dict:
     """The flags this compiler takes, from its answers: ``works(flags, source)`` says whether ``source`` compiles
-    and links into a shared library with ``flags``. Returns {"arch", "openmp", "link": flags; "notes": why}."""
+    and links into a shared library with ``flags``; ``march``: a CPU to build for instead of this one (a compiler
+    that refuses it is an error, not a silent native build). Returns {"arch", "openmp", "link": flags; "notes":
+    why}."""
     if not works([], PLAIN):
         raise RuntimeError(f"{compiler()} cannot build a shared library here: install a C++ compiler (macOS: "
                            "xcode-select --install; Debian or Ubuntu: apt install g++) or name one in CXX")
     notes = []
-    arch = next(a for a in ARCH_CANDIDATES if works(a, PLAIN))
+    if march:
+        arch = [f"-march={march}"]
+        if not works(arch, PLAIN):
+            raise RuntimeError(f"STEPWISE_MARCH={march}: {compiler()} refuses {arch[0]}; name a CPU it knows "
+                               "(GCC: haswell, znver1, skylake-avx512, ...) or unset STEPWISE_MARCH")
+        notes.append(f"built for {march} (STEPWISE_MARCH), not for this CPU")
+    else:
+        arch = next(a for a in ARCH_CANDIDATES if works(a, PLAIN))
     if not arch:
         notes.append("no -march=native or -mcpu=native: generic code for this CPU's family")
     link = ["-undefined", "dynamic_lookup"] if system == "Darwin" else []
@@ -97,15 +110,16 @@ def _works(cxx: str, folder: Path) -> Callable[[list[str], str], bool]:
 
 def probed(home: Path, cpu: str, torch_lib: Path | None) -> dict:
     """``choose_flags`` for this compiler and machine, probed on first use and then read from ``home``."""
-    cxx = compiler()
+    cxx, march = compiler(), os.environ.get("STEPWISE_MARCH") or None
     omp = torch_lib is not None and (torch_lib / "libomp.dylib").exists()  # what the macOS link would take
     raw = f"{shutil.which(cxx) or cxx}|{compiler_version(cxx)}|{platform.system()}|{platform.machine()}|{cpu}|{omp}"
+    raw += f"|{march}" if march else ""  # the native probe's key unchanged
     path = home / f"flags-{hashlib.sha256(raw.encode()).hexdigest()[:16]}.json"
     if path.exists():
         return json.loads(path.read_text())
     home.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=home) as tmp:
-        chosen = choose_flags(_works(cxx, Path(tmp)), platform.system(), openmp_homes(), torch_lib)
+        chosen = choose_flags(_works(cxx, Path(tmp)), platform.system(), openmp_homes(), torch_lib, march)
     chosen["compiler"] = compiler_version(cxx)
     tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
     tmp_path.write_text(json.dumps(chosen, indent=1))
