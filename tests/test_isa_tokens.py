@@ -22,8 +22,10 @@ import pytest
 
 from common.numerics import native
 
-pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not native.load(native.LINEAR_SOURCE),
-                                reason="x86 with a compiler that builds linear.cpp")
+pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not native.load(native.LINEAR_SOURCE),
+                                 reason="x86 with a compiler that builds linear.cpp"),
+              pytest.mark.skipif(bool(os.environ.get("STEPWISE_MARCH")),
+                                 reason="STEPWISE_MARCH is set: this test picks both of its builds itself")]
 ROOT = Path(__file__).resolve().parents[1]
 AVX512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
 NARROWER = "haswell" if AVX512 else "x86-64"  # STEPWISE_MARCH: AVX2 + FMA + F16C, else SSE2 (the scalar path)

@@ -159,6 +159,7 @@ def test_apple_clang_gets_mcpu_the_lookup_flag_and_torchs_libomp(tmp_path):
 def test_stepwise_march_builds_for_the_named_cpu_or_says_why_not(tmp_path, monkeypatch):
     """STEPWISE_MARCH=haswell: an AVX2 laptop's kernels built here; a CPU the compiler does not know is refused,
     never quietly replaced by a native build. The probe is kept apart from the native one."""
+    monkeypatch.delenv("STEPWISE_MARCH", raising=False)  # a suite run as an AVX2 laptop sets it
     gcc = FakeCompiler({"-march=native", "-march=haswell", "-fopenmp"})
     chosen = flags.choose_flags(gcc, "Linux", [], None, march="haswell")
     assert chosen["arch"] == ["-march=haswell"] and chosen["openmp"] == ["-fopenmp"]
