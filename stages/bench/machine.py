@@ -57,9 +57,9 @@ def measure_matmul_flops(device: str = "cpu", dtype: torch.dtype = torch.bfloat1
 
 def measure_compute(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> tuple[float, str]:
     """The compute ceiling stages are held against, FLOP/s, and a note naming it: the faster of ``dtype``'s
-    matmul and float32's. Where a CPU has no fast 16-bit path (AVX2: torch's bfloat16 matmul ran at 1 GFLOP/s
-    on the 2-core EPYC of issue 42), our kernels multiply in float32 fused multiply-adds, so float32's rate is
-    what they can reach; where it has one (AVX-512 BF16, AMX, a GPU), the 16-bit rate is the higher."""
+    matmul and float32's. Where a CPU has no fast 16-bit path (AVX2: torch's bfloat16 matmul takes a scalar path,
+    docs/measuring.md), our kernels multiply in float32 fused multiply-adds, so float32's rate is what they can
+    reach; where it has one (AVX-512 BF16, AMX, a GPU), the 16-bit rate is the higher."""
     rate = measure_matmul_flops(device, dtype)
     if dtype in (torch.float32, torch.float64):
         return rate, ""
