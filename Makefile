@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium
+.PHONY: demo test test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium arm64
 
 setup: $(DEPS)
 
@@ -27,7 +27,7 @@ demo: $(MODEL)
 	$(BIN)/python -m stages.05_streaming
 
 # The fast suite (tiny model) first, then the real-model and cluster tests (markers in pyproject.toml).
-test: lint native-check $(MODEL) chromium
+test: lint native-check $(MODEL) chromium arm64
 	$(BIN)/python -m pytest -q -m "not real_model and not cluster" tests
 	$(BIN)/python -m pytest -q -m "real_model or cluster" tests
 
@@ -41,6 +41,12 @@ lint: $(DEPS)
 # which downloads no browser of its own. As root, as on CI; elsewhere install it once with sudo.
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+# An aarch64 Python with torch in $STEPWISE_HOME/arm64, for tests/test_arm64.py: stage 04 run under qemu-aarch64,
+# the way an ARM laptop runs it (tests/arm64/prepare.sh: Debian's arm64 python3.11, PyPI's aarch64 wheels; about a
+# minute and 1 GB, once). As root, as on CI; elsewhere it says why not and the test skips.
+arm64: $(DEPS)
+	bash tests/arm64/prepare.sh
 
 # The CPU kernels' standalone C++ tests (common/numerics/native/test/*_test.cpp, no torch, no venv): built natively,
 # for the scalar path and for aarch64 under qemu (installing g++-aarch64-linux-gnu and qemu-user with apt-get when

@@ -1,68 +1,42 @@
-"""One machine, two builds of every native kernel, the same tokens and log-probabilities.
+"""One machine, two builds of every native kernel, the same tokens, logits and log-probabilities.
 
 tests/test_native_linear.py checks one linear's bits per kernel, and `make native-check` hashes the kernels alone on
-three ISAs; this checks the whole engine the way a learner's laptop would run it. Stage 04 (our linears, the
-attention, the fused element-wise kernels) generates on the tiny model in every precision twice, each in a fresh
-process: once built natively, once built by the same compiler for a narrower instruction set (AVX2 + FMA, a laptop's,
-where this CPU has AVX-512; the scalar path where it has only AVX2). Both must give the same tokens, greedy and
-sampled, and the same log-probabilities to the bit: on this random model a token rarely turns on a last bit, a
-log-probability always shows it (the AVX-512 BF16 kernel's differ from the FMA kernel's here). Where this CPU has the
-AVX-512 kernels, the native run takes "AVX-512 FMA" (the kernel the portable one reproduces); "AVX-512 BF16" and AMX
-sum in another order by design. w4a8 sums its integer products with another instruction in each build (VPDPBUSD or
-VPMADDUBSW natively, VPMADDUBSW or plain C++ narrowed): the same integers, so the same tokens.
+three ISAs; this checks the whole engine the way a learner's laptop would run it (tests/test_arm64.py: an ARM one).
+Stage 04 (our linears, the attention, the fused element-wise kernels) generates on the tiny model in every precision
+twice, each in a fresh process (tests/cross_build.py): once built natively, once built by the same compiler for a
+narrower instruction set (AVX2 + FMA, a laptop's, where this CPU has AVX-512; the scalar path where it has only AVX2).
+Both must give the same tokens, greedy and sampled, the same logits and the same log-probabilities to the bit: on
+this random model a token rarely turns on a last bit, a log-probability always shows it (the AVX-512 BF16 kernel's
+differ from the FMA kernel's here). Where this CPU has the AVX-512 kernels, the native run takes "AVX-512 FMA" (the
+kernel the portable one reproduces); "AVX-512 BF16" and AMX sum in another order by design. w4a8 sums its integer
+products with another instruction in each build (VPDPBUSD or VPMADDUBSW natively, VPMADDUBSW or plain C++ narrowed):
+the same integers, so the same tokens. torch's own kernels (the log-softmax among them) run the same code both times.
 """
-import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from common.numerics import native
+from cross_build import generate
 
 pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not native.load(native.LINEAR_SOURCE),
                                  reason="x86 with a compiler that builds linear.cpp"),
               pytest.mark.skipif(bool(os.environ.get("STEPWISE_MARCH")),
                                  reason="STEPWISE_MARCH is set: this test picks both of its builds itself")]
-ROOT = Path(__file__).resolve().parents[1]
 AVX512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
 NARROWER = "haswell" if AVX512 else "x86-64"  # STEPWISE_MARCH: AVX2 + FMA + F16C, else SSE2 (the scalar path)
-GENERATE = """
-import importlib, json
-from common.numerics import native
-from common.sampling import SamplingParams
-kernels = importlib.import_module("stages.04_kernels")
-prompts = [[5 + i, 6, 7 + 2 * i, 9] * (1 + i % 3) for i in range(8)]
-params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)] * 4 + \\
-         [SamplingParams(temperature=0.9, top_p=0.9, seed=i, max_tokens=24, ignore_eos=True, logprobs=2)
-          for i in range(4)]
-out = {"kernels": [native.linear_kernel(), native.int4_kernel(), native.float32_kernel(), native.w4a8_kernel()]}
-for dtype, quant in (("float32", None), ("bfloat16", None), ("bfloat16", "int8"), ("bfloat16", "int4"),
-                     ("bfloat16", "w4a8")):
-    llm = kernels.LLM("tiny", dtype=dtype, quantization=quant, max_num_seqs=4)
-    outs = llm.generate(prompts, params)
-    out[f"{dtype} {quant}"] = [o.token_ids for o in outs]
-    out[f"{dtype} {quant} logprobs"] = [repr(o.outputs[0].logprobs) for o in outs]
-    out[f"{dtype} {quant} path"] = llm.execution_path
-print(json.dumps(out))
-"""
-
-
-def generate(env: dict) -> dict:
-    result = subprocess.run([sys.executable, "-c", GENERATE], capture_output=True, text=True, cwd=ROOT, timeout=900,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_a_build_for_a_narrower_instruction_set_gives_the_same_tokens_and_logprobs(tmp_path, tiny_folder):
     home = tmp_path / "home"  # its own builds, and the tiny checkpoint the suite prepared
     home.mkdir()
     (home / Path(tiny_folder).name).symlink_to(tiny_folder)
-    ours = generate({"STEPWISE_LINEAR": "fma"} if AVX512 else {})
-    theirs = generate({"STEPWISE_MARCH": NARROWER, "STEPWISE_HOME": str(home), "STEPWISE_LINEAR": "auto"})
+    ours = generate([sys.executable], {"STEPWISE_LINEAR": "fma"} if AVX512 else {})
+    theirs = generate([sys.executable],
+                      {"STEPWISE_MARCH": NARROWER, "STEPWISE_HOME": str(home), "STEPWISE_LINEAR": "auto"})
     isa = "AVX2" if AVX512 else "scalar"
     assert theirs["kernels"] == [f"portable {isa}"] * 3 + [f"W4A8 {isa}"], theirs["kernels"]
     assert ours["kernels"][3] != theirs["kernels"][3]  # w4a8 sums its integers with another instruction

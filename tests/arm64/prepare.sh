@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# An aarch64 Python with torch, for running the engine itself under qemu-aarch64 on an x86 machine
+# (tests/test_arm64.py): what `make native-check` does for the kernels alone, done for stage 04 whole.
+#   root/   Debian's python3.11 for arm64 and the libraries it loads (apt-get download, unpacked, not installed)
+#   site/   torch and the engine's other imports, aarch64 wheels from PyPI (pip install --target --platform)
+#   cxx     the aarch64 cross compiler, run natively, so our kernels build at native speed for the emulated Python
+# torch is 2.10.0, not the project's 2.13.0: PyPI's aarch64 wheels from 2.11 on need CUDA's libraries to import,
+# and 2.10.0 is the newest CPU-only one. Needs root (dpkg --add-architecture arm64, apt-get), a network to Debian's
+# and PyPI's packages, and about 1 GB in $STEPWISE_HOME/arm64 ($STEPWISE_ARM64 names another folder). Idempotent: a finished folder is left as it is.
+set -euo pipefail
+ROOT_DIR=$(cd "$(dirname "$0")/../.." && pwd)
+DEST=${STEPWISE_ARM64:-${STEPWISE_HOME:-$HOME/.cache/stepwise}/arm64}
+[[ -f $DEST/ready ]] && exit 0
+[[ $(uname -m) == x86_64 ]] || { echo "tests/arm64/prepare.sh: for x86 machines (an ARM one runs the suite itself)"; exit 0; }
+if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then  # not fatal: the test skips, saying so
+  echo "tests/arm64/prepare.sh: needs root and apt-get (Debian's arm64 packages); tests/test_arm64.py skips" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+echo "preparing an aarch64 Python with torch in $DEST (once)"
+dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64
+apt-get update -q >/dev/null
+command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null ||
+  apt-get install -y -q g++-aarch64-linux-gnu qemu-user >/dev/null
+rm -rf "$DEST/root" "$DEST/site" "$DEST/debs" && mkdir -p "$DEST/debs"
+# python3.11 and every library it or torch loads (the C and C++ runtimes come from the same packages)
+PACKAGES=(python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libpython3.11-dev libpython3.11 libc6
+          libgcc-s1 libstdc++6 libgomp1 libexpat1 zlib1g libffi8 libssl3 libbz2-1.0 liblzma5 libsqlite3-0
+          libncursesw6 libtinfo6 libreadline8 libuuid1 libdb5.3 libgdbm6 libnsl2 libtirpc3 libcrypt1)
+(cd "$DEST/debs" && apt-get download -q -o APT::Sandbox::User=root "${PACKAGES[@]/%/:arm64}" >/dev/null)
+for deb in "$DEST"/debs/*.deb; do dpkg -x "$deb" "$DEST/root"; done
+rm -rf "$DEST/debs"
+PIP=("$ROOT_DIR/.venv/bin/pip" install -q --disable-pip-version-check --target "$DEST/site" --only-binary=:all:
+     --platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64
+     --python-version 3.11 --implementation cp)
+"${PIP[@]}" --no-deps torch==2.10.0
+"${PIP[@]}" filelock typing-extensions sympy networkx fsspec setuptools \
+  $(grep -oE '"(numpy|safetensors|tokenizers|gguf|jinja2|rich|pytest|hypothesis)==[^"]+"' "$ROOT_DIR/pyproject.toml" |
+    tr -d '"')  # pytest too: tests/arm64/python -m pytest tests/test_native_linear.py runs the kernel tests on ARM
+cat > "$DEST/cxx" <<EOF
+#!/bin/sh
+# aarch64-linux-gnu-g++, finding the aarch64 Python's pyconfig.h
+exec aarch64-linux-gnu-g++ -idirafter "$DEST/root/usr/include" "\$@"
+EOF
+chmod +x "$DEST/cxx"
+"$ROOT_DIR/tests/arm64/python" -c "import torch, numpy, tokenizers; print('aarch64 python', torch.__version__)"
+touch "$DEST/ready"
