@@ -61,7 +61,9 @@ class Llama:
         self.lm_head = make.lm_head(config.tie_word_embeddings)
         make.finish()
         freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), rope_inv_freq(config))
-        self.cos, self.sin = freqs.cos().to(self.device), freqs.sin().to(self.device)  # [positions, d / 2]
+        # The float32 angles' cos and sin taken in float64 and rounded once: torch's float32 cos and sin are other
+        # code on each ISA (an ulp apart on ARM and x86), the float64 ones rounded agreed (docs/native-kernels.md).
+        self.cos, self.sin = (f(freqs.double()).float().to(self.device) for f in (torch.cos, torch.sin))
         linears = [layer[n] for layer in self.layers for n in ("qkv", "o", "gate_up", "down")] + [self.lm_head]
         self.batch_invariant = batch_invariant
         if batch_invariant:

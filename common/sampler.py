@@ -110,7 +110,9 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
 
 def token_logprobs(logits: torch.Tensor, token: int, k: int) -> Logprob:
     """(the token's log-probability, the k most likely (id, log-probability), most likely first) from one float32
-    logits row. The row is copied first, so its reduction never depends on where it sat in the batch."""
-    lp = torch.log_softmax(logits.clone().float(), -1)
+    logits row, in float64 rounded once to float32: torch's float32 log-softmax sums in another order on each ISA
+    (AVX2, AVX-512, NEON), while the float64 one, rounded, came out the same on all three (tests/test_arm64.py).
+    A row of its own, so its reduction never depends on where it sat in the batch."""
+    lp = torch.log_softmax(logits.double(), -1).float()
     top = torch.topk(lp, k) if k else None
     return float(lp[token]), [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))

@@ -1,4 +1,4 @@
-"""The engine on ARM, from an x86 machine: stage 04 under qemu-aarch64 gives this machine's tokens and logits.
+"""The engine on ARM, from an x86 machine: stage 04 under qemu-aarch64 gives x86's tokens, logits and log-probabilities.
 
 `make native-check` runs the kernels' standalone tests under qemu; this runs the whole engine there, the way an ARM
 laptop (Linux) would: Debian's aarch64 Python with PyPI's aarch64 torch (`make arm64`, tests/arm64/prepare.sh), our
@@ -6,14 +6,13 @@ three native libraries cross-built for it (NEON: "portable NEON", "W4A8 NEON"), 
 precision (tests/cross_build.py), against the same script run natively here (the "AVX-512 FMA" kernel where this CPU
 has AVX-512: the bits the portable kernels reproduce).
 
-Equal to the bit: the tokens, greedy and sampled, in every precision; and every logit in bfloat16, int8, int4 and
-w4a8, where each operation from the embedding to the head is ours or exact. Not the log-probabilities, nor float32's
-logits: they pass through torch's own transcendental functions (the log-softmax; in float32 the cos and sin of the
-RoPE table and SwiGLU's exp), other code on ARM than on x86 (and another torch: 2.10 there, prepare.sh says why), so
-they are checked within rounding.
+Equal to the bit, in every precision: the tokens, greedy and sampled, every logit and every log-probability. Every
+operation from the embedding to the head is ours or exact, or (the RoPE tables, the log-softmax) torch's in float64
+rounded once to float32, where torch's own float32 cos, sin and log-softmax are other code on ARM than on x86 and
+differ in last bits. Seeded sampling's probabilities are torch's float32 softmax: equal tokens there mean no draw
+fell within that rounding (torch is 2.10 on ARM, prepare.sh says why).
 """
 import platform
-import re
 import sys
 from pathlib import Path
 
@@ -29,11 +28,7 @@ pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), 
                                  reason="no aarch64 Python here: `make arm64` prepares one (tests/arm64/prepare.sh)")]
 
 
-def numbers(logprobs: list[str]) -> list[float]:
-    return [float(x) for text in logprobs for x in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", text)]
-
-
-def test_stage_04_on_aarch64_gives_the_tokens_and_logits_of_x86(tiny_folder):
+def test_stage_04_on_aarch64_gives_the_tokens_logits_and_logprobs_of_x86(tiny_folder):
     engine_home = ARM64 / "home"  # the cross-built kernels stay here between runs (keyed by their sources)
     engine_home.mkdir(exist_ok=True)
     link = engine_home / Path(tiny_folder).name
@@ -48,8 +43,5 @@ def test_stage_04_on_aarch64_gives_the_tokens_and_logits_of_x86(tiny_folder):
     for dtype, quant in PRECISIONS:
         key = f"{dtype} {quant}"
         assert "fused CPU kernels" in arm[f"{key} path"], arm[f"{key} path"]
-        assert arm[key] == x86[key], key
-        if dtype != "float32":
-            assert arm[f"{key} logits"] == x86[f"{key} logits"], key
-        ours, theirs = numbers(x86[f"{key} logprobs"]), numbers(arm[f"{key} logprobs"])
-        assert len(ours) == len(theirs) and max(abs(a - b) for a, b in zip(ours, theirs)) < 1e-4, key
+        for part in ("", " logits", " logprobs"):
+            assert arm[key + part] == x86[key + part], key + part

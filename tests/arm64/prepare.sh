@@ -6,11 +6,13 @@
 #   cxx     the aarch64 cross compiler, run natively, so our kernels build at native speed for the emulated Python
 # torch is 2.10.0, not the project's 2.13.0: PyPI's aarch64 wheels from 2.11 on need CUDA's libraries to import,
 # and 2.10.0 is the newest CPU-only one. Needs root (dpkg --add-architecture arm64, apt-get), a network to Debian's
-# and PyPI's packages, and about 1 GB in $STEPWISE_HOME/arm64 ($STEPWISE_ARM64 names another folder). Idempotent: a finished folder is left as it is.
+# and PyPI's packages, and about 1 GB in $STEPWISE_HOME/arm64 ($STEPWISE_ARM64 names another folder).
+# Idempotent: a folder this version of the script finished is left as it is.
 set -euo pipefail
 ROOT_DIR=$(cd "$(dirname "$0")/../.." && pwd)
 DEST=${STEPWISE_ARM64:-${STEPWISE_HOME:-$HOME/.cache/stepwise}/arm64}
-[[ -f $DEST/ready ]] && exit 0
+STAMP=$(sha256sum "$0" | cut -c1-16)  # a folder prepared by another version of this script is prepared again
+[[ -f $DEST/ready && $(cat "$DEST/ready") == "$STAMP" ]] && exit 0
 [[ $(uname -m) == x86_64 ]] || { echo "tests/arm64/prepare.sh: for x86 machines (an ARM one runs the suite itself)"; exit 0; }
 if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then  # not fatal: the test skips, saying so
   echo "tests/arm64/prepare.sh: needs root and apt-get (Debian's arm64 packages); tests/test_arm64.py skips" >&2
@@ -44,4 +46,4 @@ exec aarch64-linux-gnu-g++ -idirafter "$DEST/root/usr/include" "\$@"
 EOF
 chmod +x "$DEST/cxx"
 "$ROOT_DIR/tests/arm64/python" -c "import torch, numpy, tokenizers; print('aarch64 python', torch.__version__)"
-touch "$DEST/ready"
+echo "$STAMP" > "$DEST/ready"
