@@ -1,27 +1,39 @@
-"""Stage 04 on the tiny model in every precision, in a fresh process of some Python (this one, or an aarch64 one
-under qemu): the kernels it took, and per precision the tokens (greedy and sampled), the log-probabilities and a
-hash of every logit row it computed. Two builds that give the same bits give the same JSON (tests/test_isa_tokens.py,
-tests/test_arm64.py)."""
+"""Stage 04 in every precision, in a fresh process of some Python (this one, or an aarch64 one under qemu): the
+kernels it took, and per precision the tokens (greedy and sampled), the log-probabilities and a hash of every logit
+row it computed. Two builds that give the same bits give the same JSON (tests/test_isa_tokens.py,
+tests/test_arm64.py). By hand, on another model or machine:
+
+    python tests/cross_build.py --model ~/.cache/stepwise/smollm2-135m-float32 --precisions bfloat16,int4 > a.json
+    tests/arm64/python tests/cross_build.py --model ...same... > b.json
+    python tests/cross_build.py --compare a.json b.json
+"""
+import argparse
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = (("float32", None), ("bfloat16", None), ("bfloat16", "int8"), ("bfloat16", "int4"), ("bfloat16", "w4a8"))
-GENERATE = f"""
+
+
+def script(model: str = "tiny", precisions=PRECISIONS, requests: int = 8) -> str:
+    """The generating program: ``requests`` prompts of token ids, the first half greedy, the rest seeded."""
+    half = requests // 2
+    return f"""
 import hashlib, importlib, json
 import torch
 from common.numerics import native
 from common.sampling import SamplingParams
 kernels = importlib.import_module("stages.04_kernels")
-prompts = [[5 + i, 6, 7 + 2 * i, 9] * (1 + i % 3) for i in range(8)]
-params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)] * 4 + \\
+prompts = [[5 + i, 6, 7 + 2 * i, 9] * (1 + i % 3) for i in range({requests})]
+params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)] * {half} + \\
          [SamplingParams(temperature=0.9, top_p=0.9, seed=i, max_tokens=24, ignore_eos=True, logprobs=2)
-          for i in range(4)]
+          for i in range({requests - half})]
 out = {{"kernels": [native.linear_kernel(), native.int4_kernel(), native.float32_kernel(), native.w4a8_kernel()]}}
-for dtype, quant in {PRECISIONS!r}:
-    llm = kernels.LLM("tiny", dtype=dtype, quantization=quant, max_num_seqs=4)
+for dtype, quant in {tuple(precisions)!r}:
+    llm = kernels.LLM({model!r}, dtype=dtype, quantization=quant, max_num_seqs=4)
     logits, compute = hashlib.sha256(), llm.engine.model.compute_logits
     def hashed(hidden):
         rows = compute(hidden)
@@ -37,9 +49,33 @@ print(json.dumps(out))
 """
 
 
+GENERATE = script()
+
+
 def generate(python: list[str], env: dict, timeout: int = 900) -> dict:
     """GENERATE's JSON from ``python`` (an argv prefix), run from the repository root with ``env`` added."""
     result = subprocess.run([*python, "-c", GENERATE], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--precisions", default="float32,bfloat16,int8,int4,w4a8",
+                    help="comma-separated: float32, bfloat16, or a quantization of bfloat16 (int8, int4, w4a8)")
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--compare", nargs=2, metavar="JSON", help="two outputs: which parts are equal")
+    args = ap.parse_args()
+    if args.compare:
+        a, b = (json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in args.compare)
+        print("kernels:", a["kernels"], "|", b["kernels"])
+        for key in a:
+            if key != "kernels" and not key.endswith("path"):
+                verdict = "not in the second" if key not in b else "equal" if a[key] == b[key] else "DIFFERENT"
+                print(f"{key:28s} {verdict}")
+    else:
+        chosen = [(p, None) if p in ("float32", "bfloat16") else ("bfloat16", p) for p in args.precisions.split(",")]
+        sys.path.insert(0, str(ROOT))
+        exec(script(args.model, chosen, args.requests))

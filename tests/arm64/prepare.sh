@@ -36,7 +36,7 @@ PIP=("$ROOT_DIR/.venv/bin/pip" install -q --disable-pip-version-check --target "
      --platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64
      --python-version 3.11 --implementation cp)
 "${PIP[@]}" --no-deps torch==2.10.0
-"${PIP[@]}" filelock typing-extensions sympy networkx fsspec setuptools \
+"${PIP[@]}" --upgrade filelock typing-extensions sympy networkx fsspec setuptools \
   $(grep -oE '"(numpy|safetensors|tokenizers|gguf|jinja2|rich|pytest|hypothesis)==[^"]+"' "$ROOT_DIR/pyproject.toml" |
     tr -d '"')  # pytest too: tests/arm64/python -m pytest tests/test_native_linear.py runs the kernel tests on ARM
 cat > "$DEST/cxx" <<EOF
