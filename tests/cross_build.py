@@ -1,7 +1,7 @@
 """Stage 04 in every precision, in a fresh process of some Python (this one, or an aarch64 one under qemu): the
-kernels it took, and per precision the tokens (greedy and sampled), the log-probabilities and a hash of every logit
-row it computed. Two builds that give the same bits give the same JSON (tests/test_isa_tokens.py,
-tests/test_arm64.py). By hand, on another model or machine:
+kernels it took and their compiler flags, and per precision the tokens (greedy and sampled), the log-probabilities
+and a hash of every logit row it computed. Two builds that give the same bits give the same JSON but for the kernels'
+names and flags (tests/test_isa_tokens.py, tests/test_arm64.py). By hand, on another model or machine:
 
     python tests/cross_build.py --model ~/.cache/stepwise/smollm2-135m-float32 --precisions bfloat16,int4 > a.json
     tests/arm64/python tests/cross_build.py --model ...same... > b.json
@@ -31,7 +31,8 @@ prompts = [[5 + i, 6, 7 + 2 * i, 9] * (1 + i % 3) for i in range({requests})]
 params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)] * {half} + \\
          [SamplingParams(temperature=0.9, top_p=0.9, seed=i, max_tokens=24, ignore_eos=True, logprobs=2)
           for i in range({requests - half})]
-out = {{"kernels": [native.linear_kernel(), native.int4_kernel(), native.float32_kernel(), native.w4a8_kernel()]}}
+out = {{"kernels": [native.linear_kernel(), native.int4_kernel(), native.float32_kernel(), native.w4a8_kernel()],
+       "flags": native.compile_flags()}}
 for dtype, quant in {tuple(precisions)!r}:
     llm = kernels.LLM({model!r}, dtype=dtype, quantization=quant, max_num_seqs=4)
     logits, compute = hashlib.sha256(), llm.engine.model.compute_logits
@@ -72,7 +73,7 @@ if __name__ == "__main__":
         a, b = (json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in args.compare)
         print("kernels:", a["kernels"], "|", b["kernels"])
         for key in a:
-            if key != "kernels" and not key.endswith("path"):
+            if key not in ("kernels", "flags") and not key.endswith("path"):
                 verdict = "not in the second" if key not in b else "equal" if a[key] == b[key] else "DIFFERENT"
                 print(f"{key:28s} {verdict}")
     else:

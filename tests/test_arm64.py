@@ -2,9 +2,11 @@
 
 `make native-check` runs the kernels' standalone tests under qemu; this runs the whole engine there, the way an ARM
 laptop (Linux) would: Debian's aarch64 Python with PyPI's aarch64 torch (`make arm64`, tests/arm64/prepare.sh), our
-three native libraries cross-built for it (NEON: "portable NEON", "W4A8 NEON"), stage 04 on the tiny model in every
-precision (tests/cross_build.py), against the same script run natively here (the "AVX-512 FMA" kernel where this CPU
-has AVX-512: the bits the portable kernels reproduce).
+three native libraries cross-built for it, stage 04 on the tiny model in every precision (tests/cross_build.py),
+against the same script run natively here (the "AVX-512 FMA" kernel where this CPU has AVX-512: the bits the
+portable kernels reproduce). Built twice: by GCC with OpenMP for generic ARMv8 ("portable NEON", "W4A8 NEON"), and by
+clang as a Mac's compiler builds, for an Apple M1 ("W4A8 NEON dotprod": SDOT) with no libomp, so the kernels split
+their work on threads of their own (common/numerics/native/parallel.h).
 
 Equal to the bit, in every precision: the tokens, greedy and sampled, every logit and every log-probability. Every
 operation from the embedding to the head is ours or exact, or (the RoPE tables, the log-softmax) torch's in float64
@@ -28,18 +30,24 @@ pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), 
                                  reason="no aarch64 Python here: `make arm64` prepares one (tests/arm64/prepare.sh)")]
 
 
-def test_stage_04_on_aarch64_gives_the_tokens_logits_and_logprobs_of_x86(tiny_folder):
-    engine_home = ARM64 / "home"  # the cross-built kernels stay here between runs (keyed by their sources)
+@pytest.fixture(scope="module")
+def x86():
+    avx512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
+    return generate([sys.executable], {"STEPWISE_LINEAR": "fma"} if avx512 else {})
+
+
+@pytest.mark.parametrize("compiler, w4a8, openmp", [("cxx", "W4A8 NEON", True), ("clang", "W4A8 NEON dotprod", False)])
+def test_stage_04_on_aarch64_gives_the_tokens_logits_and_logprobs_of_x86(tiny_folder, x86, compiler, w4a8, openmp):
+    engine_home = ARM64 / "home"  # the cross-built kernels stay here between runs (keyed by source and compiler)
     engine_home.mkdir(exist_ok=True)
     link = engine_home / Path(tiny_folder).name
     if not link.exists():
         link.symlink_to(tiny_folder)
-    avx512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
-    x86 = generate([sys.executable], {"STEPWISE_LINEAR": "fma"} if avx512 else {})
     arm = generate([str(ROOT / "tests" / "arm64" / "python")],
-                   {"STEPWISE_ARM64": str(ARM64), "STEPWISE_HOME": str(engine_home), "STEPWISE_LINEAR": "auto"},
-                   timeout=1800)
-    assert arm["kernels"] == ["portable NEON"] * 3 + ["W4A8 NEON"], arm["kernels"]
+                   {"STEPWISE_ARM64": str(ARM64), "STEPWISE_ARM64_CXX": str(ARM64 / compiler),
+                    "STEPWISE_HOME": str(engine_home), "STEPWISE_LINEAR": "auto"}, timeout=1800)
+    assert arm["kernels"] == ["portable NEON"] * 3 + [w4a8], arm["kernels"]
+    assert ("-fopenmp" in arm["flags"]) == openmp, arm["flags"]
     for dtype, quant in PRECISIONS:
         key = f"{dtype} {quant}"
         assert "fused CPU kernels" in arm[f"{key} path"], arm[f"{key} path"]

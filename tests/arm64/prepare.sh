@@ -3,7 +3,8 @@
 # (tests/test_arm64.py): what `make native-check` does for the kernels alone, done for stage 04 whole.
 #   root/   Debian's python3.11 for arm64 and the libraries it loads (apt-get download, unpacked, not installed)
 #   site/   torch and the engine's other imports, aarch64 wheels from PyPI (pip install --target --platform)
-#   cxx     the aarch64 cross compiler, run natively, so our kernels build at native speed for the emulated Python
+#   cxx     the aarch64 cross compiler (g++, with OpenMP), run natively, so our kernels build at native speed
+#   clang   clang++ for aarch64 as a Mac's compiler builds: -mcpu=apple-m1 (dot products), no libomp (our own threads)
 # torch is 2.10.0, not the project's 2.13.0: PyPI's aarch64 wheels from 2.11 on need CUDA's libraries to import,
 # and 2.10.0 is the newest CPU-only one. Needs root (dpkg --add-architecture arm64, apt-get), a network to Debian's
 # and PyPI's packages, and about 1 GB in $STEPWISE_HOME/arm64 ($STEPWISE_ARM64 names another folder).
@@ -22,8 +23,8 @@ export DEBIAN_FRONTEND=noninteractive
 echo "preparing an aarch64 Python with torch in $DEST (once)"
 dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64
 apt-get update -q >/dev/null
-command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null ||
-  apt-get install -y -q g++-aarch64-linux-gnu qemu-user >/dev/null
+command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null && command -v clang++ >/dev/null ||
+  apt-get install -y -q g++-aarch64-linux-gnu qemu-user clang >/dev/null
 rm -rf "$DEST/root" "$DEST/site" "$DEST/debs" && mkdir -p "$DEST/debs"
 # python3.11 and every library it or torch loads (the C and C++ runtimes come from the same packages)
 PACKAGES=(python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libpython3.11-dev libpython3.11 libc6
@@ -44,6 +45,11 @@ cat > "$DEST/cxx" <<EOF
 # aarch64-linux-gnu-g++, finding the aarch64 Python's pyconfig.h
 exec aarch64-linux-gnu-g++ -idirafter "$DEST/root/usr/include" "\$@"
 EOF
-chmod +x "$DEST/cxx"
+cat > "$DEST/clang" <<EOF
+#!/bin/sh
+# clang++ for aarch64 (the GCC cross sysroot's headers and libraries) as for an Apple M1, finding pyconfig.h
+exec clang++ --target=aarch64-linux-gnu -mcpu=apple-m1 -idirafter "$DEST/root/usr/include" "\$@"
+EOF
+chmod +x "$DEST/cxx" "$DEST/clang"
 "$ROOT_DIR/tests/arm64/python" -c "import torch, numpy, tokenizers; print('aarch64 python', torch.__version__)"
 echo "$STAMP" > "$DEST/ready"
