@@ -14,6 +14,7 @@ rounded once to float32, where torch's own float32 cos, sin and log-softmax are 
 differ in last bits. Seeded sampling's probabilities are torch's float32 softmax: equal tokens there mean no draw
 fell within that rounding (torch is 2.10 on ARM, prepare.sh says why).
 """
+import os
 import platform
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from common.numerics import native
 from common.paths import home
 from cross_build import PRECISIONS, ROOT, generate
 
-ARM64 = home() / "arm64"
+ARM64 = Path(os.environ.get("STEPWISE_ARM64") or home() / "arm64")  # where prepare.sh put it
 pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="run from an x86 machine"),
               pytest.mark.skipif(not (ARM64 / "ready").exists(),
                                  reason="no aarch64 Python here: `make arm64` prepares one (tests/arm64/prepare.sh)")]
