@@ -8,6 +8,7 @@ names and flags (tests/test_isa_tokens.py, tests/test_arm64.py). By hand, on ano
     python tests/cross_build.py --compare a.json b.json
 """
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -59,6 +60,15 @@ def generate(python: list[str], env: dict, timeout: int = 900) -> dict:
                             env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@functools.cache
+def here() -> dict:
+    """GENERATE run natively once per test session, on the kernel whose bits the portable ones reproduce ("AVX-512
+    FMA" where this CPU has AVX-512): what the narrower x86 build and the ARM builds are compared with."""
+    from common.numerics import native
+    avx512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
+    return generate([sys.executable], {"STEPWISE_LINEAR": "fma"} if avx512 else {})
 
 
 if __name__ == "__main__":

@@ -16,14 +16,12 @@ fell within that rounding (torch is 2.10 on ARM, prepare.sh says why).
 """
 import os
 import platform
-import sys
 from pathlib import Path
 
 import pytest
 
-from common.numerics import native
 from common.paths import home
-from cross_build import PRECISIONS, ROOT, generate
+from cross_build import PRECISIONS, ROOT, generate, here
 
 ARM64 = Path(os.environ.get("STEPWISE_ARM64") or home() / "arm64")  # where prepare.sh put it
 pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="run from an x86 machine"),
@@ -31,19 +29,14 @@ pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), 
                                  reason="no aarch64 Python here: `make arm64` prepares one (tests/arm64/prepare.sh)")]
 
 
-@pytest.fixture(scope="module")
-def x86():
-    avx512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOURCE).avx512_ready()
-    return generate([sys.executable], {"STEPWISE_LINEAR": "fma"} if avx512 else {})
-
-
 @pytest.mark.parametrize("compiler, w4a8, openmp", [("cxx", "W4A8 NEON", True), ("clang", "W4A8 NEON dotprod", False)])
-def test_stage_04_on_aarch64_gives_the_tokens_logits_and_logprobs_of_x86(tiny_folder, x86, compiler, w4a8, openmp):
+def test_stage_04_on_aarch64_gives_the_tokens_logits_and_logprobs_of_x86(tiny_folder, compiler, w4a8, openmp):
     engine_home = ARM64 / "home"  # the cross-built kernels stay here between runs (keyed by source and compiler)
     engine_home.mkdir(exist_ok=True)
     link = engine_home / Path(tiny_folder).name
     if not link.exists():
         link.symlink_to(tiny_folder)
+    x86 = here()
     arm = generate([str(ROOT / "tests" / "arm64" / "python")],
                    {"STEPWISE_ARM64": str(ARM64), "STEPWISE_ARM64_CXX": str(ARM64 / compiler),
                     "STEPWISE_HOME": str(engine_home), "STEPWISE_LINEAR": "auto"}, timeout=1800)

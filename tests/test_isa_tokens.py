@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from common.numerics import native
-from cross_build import generate
+from cross_build import generate, here
 
 pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not native.load(native.LINEAR_SOURCE),
                                  reason="x86 with a compiler that builds linear.cpp"),
@@ -34,7 +34,7 @@ def test_a_build_for_a_narrower_instruction_set_gives_the_same_tokens_and_logpro
     home = tmp_path / "home"  # its own builds, and the tiny checkpoint the suite prepared
     home.mkdir()
     (home / Path(tiny_folder).name).symlink_to(tiny_folder)
-    ours = generate([sys.executable], {"STEPWISE_LINEAR": "fma"} if AVX512 else {})
+    ours = here()
     theirs = generate([sys.executable],
                       {"STEPWISE_MARCH": NARROWER, "STEPWISE_HOME": str(home), "STEPWISE_LINEAR": "auto"})
     isa = "AVX2" if AVX512 else "scalar"
