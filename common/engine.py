@@ -1,8 +1,9 @@
-"""What every stage's engine shares: its interface, what one step did, and the bookkeeping after it.
+"""Every stage's engine: its parts, one step that reads schedule -> run -> postprocess, and what a step did.
 
-An engine is built from parts (a scheduler, a KV cache, a `ModelRunner`) and its `step()` reads
-schedule -> run -> postprocess. The `LLM` front end (common/llm.py) talks to it through the `Engine`
-protocol alone, so every stage plugs into the same ``generate`` and the same observers.
+A stage's ``engine.py`` builds an `LLMEngine` from parts (``build(config)``): a scheduler, a KV cache, a
+`ModelRunner` over a model, and whatever the scheduler is given (a block manager, proposers). The step loop is
+written once, here. The `LLM` front end (common/llm.py) talks to the engine through the `Engine` protocol alone,
+so every stage plugs into the same ``generate`` and the same observers.
 """
 from __future__ import annotations
 
@@ -25,22 +26,28 @@ class SeqOutput:
 
 
 @dataclass
-class StepResult:
-    """What one engine step did: the front end turns it into a `StepEvent` for the observers."""
-    seqs: list[Sequence]  # the sequences that ran, in the step's order
-    lens: list[int]  # tokens each fed (draft tokens included)
-    starts: list[int]  # position of the first token each fed
-    outputs: list[SeqOutput]  # what the runner sampled for each
-    slots: list[int | None] = field(default_factory=list)  # the batch slot each ran in (stages 01-02)
+class ScheduledBatch:
+    """What the scheduler chose for one step (vLLM's SchedulerOutput): the sequences, what each feeds, where their
+    keys and values go, and what the choice did to the queue."""
+    seqs: list[Sequence]  # in the step's order
+    lens: list[int]  # tokens each feeds (draft tokens included)
+    starts: list[int]  # position of the first token each feeds
+    slots: list[int] = field(default_factory=list)  # stages 01-02: each sequence's row of the contiguous cache
+    new_batch: bool = False  # stage 01: a new static batch, which gets a buffer of its own
+    tables: list[list[int]] = field(default_factory=list)  # stage 03 on: each sequence's block table
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (source, destination) blocks
     admitted: list[int] = field(default_factory=list)  # seq_ids that started (or restarted) running this step
     preempted: list[int] = field(default_factory=list)  # seq_ids evicted to make room (stage 03 on)
     prefix_hits: dict[int, int] = field(default_factory=dict)  # seq_id -> prompt tokens found in the prefix cache
     prefix_query_tokens: int = 0  # prompt tokens looked up in it this step
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (source, destination) blocks
+    propose_seconds: float = 0.0  # time spent guessing draft tokens before the step (stage 06 on)
 
-    @property
-    def prefix_hit_tokens(self) -> int:
-        return sum(self.prefix_hits.values())
+
+@dataclass
+class StepResult:
+    """What one engine step did: the front end turns it into a `StepEvent` for the observers."""
+    batch: ScheduledBatch
+    outputs: list[SeqOutput]  # what the runner sampled for each of the batch's sequences
 
 
 @dataclass
@@ -70,8 +77,8 @@ class EngineState:
 
 
 class Engine(Protocol):
-    """What the front end needs of a stage's engine."""
-    model_class: type
+    """What the front end needs of an engine (`LLMEngine`, or the reference's)."""
+    model: object  # the Llama it runs
 
     def check(self, seq: Sequence) -> None:
         """Raise `InvalidParam` for a request this engine can never run."""
@@ -86,6 +93,46 @@ class Engine(Protocol):
 
     def release(self) -> None:
         """Drop every request and what it holds (after an error, or at the end of a run)."""
+
+
+class LLMEngine:
+    """The engine every stage runs, assembled from the parts its ``build`` chose."""
+
+    def __init__(self, model, scheduler, cache, runner):
+        self.model, self.scheduler, self.cache, self.runner = model, scheduler, cache, runner
+
+    def step(self) -> StepResult:
+        batch = self.scheduler.schedule()  # which sequences run, how many tokens each feeds, where their KV goes
+        if not batch.seqs:
+            raise RuntimeError("the scheduler could not run anything: a request larger than the pool?")
+        self.cache.prepare_step(batch)  # where each new token's KV goes and what each attends to
+        outputs = self.runner.run(batch.seqs, batch.lens, self.cache)  # one forward pass, then sampling
+        self.scheduler.postprocess(batch, outputs)  # keep the sampled tokens, free what finished
+        return StepResult(batch, outputs)
+
+    def check(self, seq: Sequence) -> None:
+        self.scheduler.check(seq)
+
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request wherever it is (its client went away); what it holds goes back."""
+        self.scheduler.abort(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def release(self) -> None:
+        self.scheduler.release()
+
+    def state(self) -> EngineState:
+        return self.scheduler.state(self.cache)
+
+    @property
+    def max_num_seqs(self) -> int:
+        """The most requests in flight (stages 01-02: the batch slots)."""
+        return self.scheduler.max_num_seqs
 
 
 def advance(seq: Sequence, fed: int, out: SeqOutput) -> int:

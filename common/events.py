@@ -44,6 +44,7 @@ class StepEvent:
     prefix_query_tokens: int  # prompt tokens looked up in it
     copies: list[tuple[int, int]]  # copy-on-write (source, destination) blocks
     state: EngineState  # the engine's gauges right after the step
+    propose_seconds: float = 0.0  # of ``duration``, the time spent guessing draft tokens (stage 06 on)
 
     @property
     def kept_tokens(self) -> int:
@@ -60,15 +61,14 @@ class Observer(Protocol):
 
 def make_event(result: StepResult, index: int, time: float, duration: float, state: EngineState) -> StepEvent:
     """The event of one step: the engine's result, read after postprocess, with its state."""
-    seqs = []
-    for i, (seq, fed, start, out) in enumerate(zip(result.seqs, result.lens, result.starts, result.outputs)):
+    b, seqs = result.batch, []
+    for i, (seq, fed, start, out) in enumerate(zip(b.seqs, b.lens, b.starts, result.outputs)):
         tokens = out.tokens[:out.kept]
         prompt_fed = max(0, min(fed, seq.num_prompt_tokens - start))
         kind = "verify" if out.drafted else "decode" if fed == 1 and not prompt_fed else "prefill"
         seqs.append(SeqStep(seq.seq_id, seq.index, kind, start, fed, prompt_fed, tokens, out.drafted, out.accepted,
-                            result.slots[i] if result.slots else None,
+                            b.slots[i] if b.slots else None,
                             seq.finish_reason if seq.is_finished and out.kept else None, seq))
     finished = [s.seq_id for s in seqs if s.finish_reason is not None]
-    return StepEvent(index, time, duration, seqs, list(result.admitted), list(result.preempted), finished,
-                     dict(result.prefix_hits), result.prefix_query_tokens, list(result.copies), state)
-
+    return StepEvent(index, time, duration, seqs, list(b.admitted), list(b.preempted), finished, dict(b.prefix_hits),
+                     b.prefix_query_tokens, list(b.copies), state, b.propose_seconds)

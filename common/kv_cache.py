@@ -15,6 +15,8 @@ import torch
 
 from common.numerics import KEY_TILE, AttentionMetadata, attention
 from common.config import ModelConfig
+from common.loader import parse_memory
+from common.validate import InvalidParam
 
 
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -33,6 +35,20 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
 
 
+def slots_for_budget(config, model) -> int:
+    """How many slots of ``max_model_len`` positions a KV budget buys (stages 01-02), at most ``max_num_seqs``; all
+    ``max_num_seqs`` when no budget is set. ``config``: an `EngineConfig`."""
+    budget = parse_memory(config.cache.kv_cache_memory, model.device)
+    max_len, slots = config.model.max_model_len, config.scheduler.max_num_seqs
+    if budget is None:
+        return slots
+    per_slot = max_len * model.config.kv_bytes_per_token(model.dtype.itemsize)
+    if budget < per_slot:
+        raise InvalidParam("kv_cache_memory", f"kv_cache_memory={config.cache.kv_cache_memory} holds no "
+                           f"{max_len}-token slot ({per_slot:,} bytes): raise it or lower max_model_len")
+    return min(slots, budget // per_slot)
+
+
 class ContiguousKVCache:
     def __init__(self, config: ModelConfig, num_slots: int, max_len: int, dtype: torch.dtype,
                  device: torch.device, batch_invariant: bool = True):
@@ -49,9 +65,18 @@ class ContiguousKVCache:
         return self.k.shape[1]
 
     @property
+    def bytes_per_token(self) -> int:
+        return self.config.kv_bytes_per_token(self.k.element_size())
+
+    @property
     def reserved_bytes(self) -> int:
         """Bytes set aside for `max_len` tokens in every slot, used or not."""
-        return self.num_slots * self.max_len * self.config.kv_bytes_per_token(self.k.element_size())
+        return self.num_slots * self.max_len * self.bytes_per_token
+
+    def prepare_step(self, batch) -> None:
+        """The step's addressing (a `ScheduledBatch`): each sequence writes its tokens into its slot's row, after
+        the ones cached there, and attends to all of them (its draft tokens included)."""
+        self.prepare(batch.slots, batch.lens, [len(s) + len(s.spec_token_ids) for s in batch.seqs])
 
     def prepare(self, slots: list[int], query_lens: list[int], context_lens: list[int]) -> None:
         """Describe the next step: sequence s writes query_lens[s] tokens into row slots[s]."""

@@ -1,89 +1,72 @@
-"""The `LLM` front end every stage shares: load, validate, tokenize, run the engine, collect.
+"""The `LLM` front end every stage shares: check the options, build the stage's engine, make requests, step.
 
-A stage names its engine (``engine_class``); the engine is built from parts and its
-``step()`` reads schedule -> run -> postprocess. ``generate`` submits the requests and steps
-the engine until it has no work; after every step each observer gets the step's `StepEvent`
-(the statistics and the progress bar always; a block audit, a recording or a server's metrics
-when attached with ``add_observer``).
+A stage names its assembly (``build``: stages/NN/engine.py's, from an `EngineConfig` to an engine whose
+``step()`` reads schedule -> run -> postprocess). ``generate`` submits the requests and steps the engine until it
+has no work; after every step each observer gets the step's `StepEvent` (the statistics and the progress bar
+always; a block audit, a recording or a server's metrics when attached with ``add_observer``).
 """
 from __future__ import annotations
 
 import os
+import sys
 import time
-from typing import Sequence as Seq
+from pathlib import Path
+from types import MappingProxyType
+from typing import Callable, Mapping, Sequence as Seq
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from common.loader import load_model, parse_dtype, resolve_device
-from common.paths import DEFAULT_MODEL
-from common.sampling import SamplingParams
-from common.sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence
+from common.engine import Engine
+from common.engine_config import EngineConfig, context_note
 from common.events import Observer, StepEvent, make_event
+from common.paths import DEFAULT_MODEL
 from common.processors import LogitsProcessor, build_processors
+from common.requests import Prompt, Request, check_arguments, error_output, group_output, tokenize
+from common.sampling import SamplingParams
+from common.sequence import RequestOutput, Sequence
 from common.stats import EngineStats
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
-from common.validate import InvalidParam, check_int, check_text, clip
-
-Prompt = str | list[int]
+from common.validate import InvalidParam
 
 
 class LLM:
-    engine_class: type  # each stage's engine (common.engine.Engine): built from (model, max_model_len, max_num_seqs,
-    # **engine_options)
+    build: Callable[[EngineConfig, Tokenizer], Engine]  # each stage's assembly (its engine.py's ``build``)
+    # Options the shared command line and the ladder (stages/cli.py) give this stage when they are not given.
+    command_line_defaults: Mapping[str, object] = MappingProxyType({})
 
-    def __init__(self, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", device: str | None = "auto",
-                 max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0,
-                 batch_invariant: bool = True, quantization: str | None = None,
-                 trace: str | os.PathLike | None = None, **engine_options):
-        # Wrong types fail here, before the model loads, with the argument's name.
-        if max_model_len is not None:
-            check_int("max_model_len", max_model_len, 2)
-        check_int("max_num_seqs", max_num_seqs, 1)
-        check_int("seed", seed, 0, 2**64 - 1)
-        if not isinstance(model, (str, os.PathLike)):
-            raise InvalidParam("model", f"model={clip(model)} is invalid: give a checkpoint folder or a model name")
-        if not isinstance(batch_invariant, bool):
-            raise InvalidParam("batch_invariant",
-                               f"batch_invariant={clip(batch_invariant)} is invalid: give True or False")
-        from common.prepare import resolve_model  # lazily: `python -m common.prepare` imports common first
-        self.folder = resolve_model(model)
-        self.device = resolve_device(device)
-        self.dtype = parse_dtype(dtype)
-        # batch_invariant=False runs plain torch math (whole-batch matmuls, fused attention): faster, but a
-        # request's tokens then depend on what it is batched with. For measuring what invariance costs.
-        self.batch_invariant = batch_invariant
-        self.model = load_model(self.folder, self.dtype, self.device, self.engine_class.model_class,
-                                batch_invariant=batch_invariant, quantization=quantization)
-        self.quantization = self.model.quantization  # None, 'int8', 'int4' or 'w4a8' (common.numerics.quant)
-        self.config = self.model.config
+    def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, *, trace: str | os.PathLike | None = None,
+                 **options):
+        """``options``: `EngineConfig.create`'s (vLLM's names); ``trace``: write the X-ray's recording there."""
+        self.engine_config = EngineConfig.create(model, **options)  # every option checked, before the weights load
+        m = self.engine_config.model
+        self.folder, self.device, self.dtype, self.batch_invariant = Path(m.folder), m.device, m.dtype, \
+            m.batch_invariant
+        self.max_model_len = m.max_model_len
         self.tokenizer = Tokenizer(self.folder)
-        limit = self.config.max_position_embeddings
-        window = self.config.sliding_window
-        self.window_note = (f" (the model's sliding window: stepwise's attention is full attention, which is "
-                            f"sliding-window attention only within the window's {window} tokens)"
-                            if window is not None and window == limit else "")
-        if max_model_len is not None:
-            try:
-                check_int("max_model_len", max_model_len, 2, limit)  # the model's context
-            except InvalidParam as e:
-                raise InvalidParam("max_model_len", f"{e}{self.window_note}") from None
-        # The model allows 8,192 positions; 2,048 keeps a per-slot reservation (stage 02) affordable.
-        self.max_model_len = max_model_len or min(limit, 2048)
-        self.max_num_seqs = max_num_seqs
-        self.engine = self.engine_class(self.model, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
-                                        **engine_options)
+        self.engine = type(self).build(self.engine_config, self.tokenizer)
+        self.model = self.engine.model
+        self.quantization = self.model.quantization  # None, 'int8', 'int4' or 'w4a8' (common.numerics.quant)
+        self.config = self.model.config  # the model's shape
+        self.window_note = context_note(self.config)
         self.stats = EngineStats()
         self.progress: Progress | None = None
         self.observers: list[Observer] = []  # attached with add_observer; they see every step of every run
         self.trace = None  # trace=PATH: the X-ray's recorder (common/trace.py), which writes PATH after each generate
         if trace is not None:
             from common.trace import Recorder  # lazily: an engine without a trace never imports it
-            label = type(self).__module__.removeprefix("stages.").removesuffix(".engine")
+            module = type(self).__module__  # a stage's by its folder's name (03_paged_kv), whatever imported it
+            folder = Path(sys.modules[module].__file__).parent.name if module.startswith("stages.") else None
+            label = folder or module.removesuffix(".engine")
             self.trace = self.add_observer(Recorder(label, path=trace))
         self.num_steps = 0  # steps this LLM has run, across runs
         self.started = time.perf_counter()  # the time axis of the step events
-        torch.manual_seed(seed)
+        torch.manual_seed(m.seed)
+
+    @property
+    def max_num_seqs(self) -> int:
+        """The most requests in flight (stages 01-02: the batch slots the KV budget allows)."""
+        return self.engine.max_num_seqs
 
     def add_observer(self, observer: Observer) -> Observer:
         """Attach ``observer``: after every step its ``on_step(event)`` is called (in the stepping thread)."""
@@ -94,44 +77,32 @@ class LLM:
         self.observers.remove(observer)
 
     # ---- requests -------------------------------------------------------------------
-    def make_sequence(self, prompt: Prompt, params: SamplingParams | dict | None) -> Sequence:
-        """Validate one request; raise ValueError with a message that says what to fix."""
+    def make_samples(self, prompt: Prompt, params: SamplingParams | dict | None,
+                     first_index: int = 0) -> list[Sequence]:
+        """A request's n samples (SamplingParams.n), each a sequence of its own with sample i's seed (vLLM's rule:
+        `SamplingParams.for_sample`), numbered from ``first_index``. They know each other (``seq.group``): stage 03
+        lets them share the prompt's KV blocks; stages 01-02 run them apart, since a slot's cache is its own. An
+        invalid request raises ValueError saying what to fix."""
         params = SamplingParams.coerce(params)
-        params.validate(self.config.vocab_size)
-        if isinstance(prompt, str):
-            check_text("prompt", prompt)
-            text, ids = prompt, self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            text, ids = None, list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-            if bad:
-                raise InvalidParam("prompt", f"prompt token ids {clip(bad[:5])} are outside the vocabulary "
-                                             f"[0, {self.config.vocab_size})")
-        else:
-            raise InvalidParam("prompt", "a prompt must be a string or a list of integer token ids")
-        if not ids:
-            raise InvalidParam("prompt", "the prompt is empty: give at least one token")
-        if len(ids) >= self.max_model_len:
-            window = self.window_note if self.max_model_len == self.config.max_position_embeddings else ""
-            raise InvalidParam("prompt", f"the prompt has {len(ids)} tokens but max_model_len is "
-                                         f"{self.max_model_len}{window}: shorten it to at most "
-                                         f"{self.max_model_len - 1} tokens")
-        eos = self.config.eos_token_ids or self.config.eos_token_id
-        seq = Sequence(ids, params, eos, self.device, prompt=text)
-        seq.processors = self.make_processors(params, seq)
-        seq.max_len = self.max_model_len
-        seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
-        self.engine.check(seq)  # what this engine cannot run (a prompt larger than its KV pool, say)
-        return seq
+        params.validate(self.config.vocab_size)  # once: a sample's parameters differ from it in n and seed alone
+        request = tokenize(prompt, self.tokenizer, self.config, self.max_model_len, self.window_note)
+        group: list[Sequence] = []
+        for i in range(params.n):
+            p = params.for_sample(i)
+            seq = Sequence(request.prompt_token_ids, p, request.eos_token_id, self.device, prompt=request.prompt,
+                           processors=self.make_processors(p, request), max_len=self.max_model_len,
+                           detokenizer=IncrementalDetokenizer(self.tokenizer), index=first_index + i, group=group)
+            self.engine.check(seq)  # what this engine cannot run (a prompt larger than its KV pool, say)
+        return group
 
-    def make_processors(self, params: SamplingParams, seq: Sequence) -> list[LogitsProcessor]:
+    def make_processors(self, params: SamplingParams, request: Request) -> list[LogitsProcessor]:
         """A request's logits processors, in order: the built-in rules of its parameters, then its structured-output
         constraint, if any (stage 07). Each sample of n > 1 gets its own, so their states stay apart."""
         words = [self.bad_word_ids(w) for w in params.bad_words or []]
-        return build_processors(params, seq.prompt_token_ids, seq.eos_token_ids,
-                                [ids for w in words for ids in w]) + self.constraint_processors(params, seq)
+        return build_processors(params, request.prompt_token_ids, request.eos_token_ids,
+                                [ids for w in words for ids in w]) + self.constraint_processors(params, request)
 
-    def constraint_processors(self, params: SamplingParams, seq: Sequence) -> list[LogitsProcessor]:
+    def constraint_processors(self, params: SamplingParams, request: Request) -> list[LogitsProcessor]:
         """The request's structured-output constraint. Only stage 07 applies one (it overrides this): elsewhere such
         a request is refused, never run unconstrained."""
         if params.structured_outputs is not None:
@@ -149,16 +120,15 @@ class LLM:
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params=None,
                  progress: bool = False) -> list[RequestOutput]:
         """Run every prompt to completion. An invalid request fails alone (finish_reason 'error')."""
-        prompts, params = self._check_arguments(prompts, sampling_params)
+        prompts, params = check_arguments(prompts, sampling_params)
         slots: list[list[Sequence] | RequestOutput] = []
+        seqs: list[Sequence] = []  # in arrival order: a sequence's index, the label in timelines
         for prompt, p in zip(prompts, params):
             try:
-                slots.append(self.make_samples(prompt, p))
+                slots.append(self.make_samples(prompt, p, first_index=len(seqs)))
+                seqs += slots[-1]
             except ValueError as e:
                 slots.append(error_output(prompt, str(e)))
-        seqs = [s for group in slots if isinstance(group, list) for s in group]
-        for i, seq in enumerate(seqs):
-            seq.index = i  # arrival order, the label in timelines
         self.stats = EngineStats()
         start = time.perf_counter()
         with self._progress(progress, sum(s.params.max_tokens for s in seqs)):
@@ -169,47 +139,7 @@ class LLM:
         if self.trace is not None:
             self.trace.end_run()
         self.stats.output_tokens = sum(len(s.output_token_ids) for s in seqs)
-        return [self.group_output(s) if isinstance(s, list) else s for s in slots]
-
-    def make_samples(self, prompt: Prompt, params: SamplingParams | dict | None) -> list[Sequence]:
-        """A request's n samples (SamplingParams.n), each a sequence of its own with sample i's seed (vLLM's rule:
-        `SamplingParams.for_sample`). They know each other (``seq.group``): stage 03 lets them share the prompt's
-        KV blocks; stages 01-02 run them apart, since a slot's cache is its own."""
-        params = SamplingParams.coerce(params)
-        params.validate(self.config.vocab_size)
-        group = [self.make_sequence(prompt, params.for_sample(i)) for i in range(params.n)]
-        for i, seq in enumerate(group):
-            seq.group, seq.sample_index = group, i
-        return group
-
-    def group_output(self, group: list[Sequence]) -> RequestOutput:
-        """One output per request: the first sample's fields, and every sample in ``outputs``."""
-        out = self.to_output(group[0])
-        out.outputs = [CompletionOutput(s.sample_index, list(s.output_token_ids), s.output_text, s.finish_reason,
-                                        list(s.logprobs) if s.params.logprobs is not None else None) for s in group]
-        if group[0].params.prompt_logprobs is not None:
-            out.prompt_logprobs = list(group[0].prompt_logprobs)
-        return out
-
-    @staticmethod
-    def _check_arguments(prompts, sampling_params) -> tuple[list, list]:
-        """Malformed arguments fail before any work; a bad prompt or a bad entry of a list of sampling_params
-        is one bad request, which fails alone (in `make_sequence`)."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)):
-            raise InvalidParam("prompts", f"prompts must be a string, a list of token ids, or a list of those; "
-                                          f"got {type(prompts).__name__}")
-        if isinstance(sampling_params, (list, tuple)):
-            if len(sampling_params) != len(prompts):
-                raise InvalidParam("sampling_params",
-                                   f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
-            return list(prompts), list(sampling_params)
-        return list(prompts), [SamplingParams.coerce(sampling_params)] * len(prompts)
-
-    def to_output(self, seq: Sequence) -> RequestOutput:
-        return RequestOutput(seq.seq_id, seq.prompt, seq.prompt_token_ids, list(seq.output_token_ids),
-                             seq.output_text, seq.finish_reason, seq.metrics, error=seq.error)
+        return [group_output(s) if isinstance(s, list) else s for s in slots]
 
     # ---- engine -------------------------------------------------------------------------
     @property
@@ -247,8 +177,3 @@ class LLM:
         self._task = self.progress.add_task(type(self).__module__.split(".")[-1], total=total)
         return self.progress
 
-
-def error_output(prompt, message: str) -> RequestOutput:
-    ids = prompt if isinstance(prompt, list) else []
-    return RequestOutput(-1, prompt if isinstance(prompt, str) else None, ids, [], "", "error",
-                         RequestMetrics(arrival_time=time.perf_counter()), error=message)

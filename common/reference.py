@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from common.engine import EngineState, StepResult, advance
+from common.engine import EngineState, ScheduledBatch, StepResult, advance
+from common.engine_config import EngineConfig
 from common.kv_cache import ContiguousKVCache
 from common.llm import LLM
 from common.model import Llama
@@ -16,11 +17,12 @@ from common.sequence import Sequence, SequenceStatus
 
 
 class ReferenceEngine:
-    """Runs the oldest request alone until it ends, then the next: its own cache, prefill, then one token a step."""
-    model_class = Llama
+    """Runs the oldest request alone until it ends, then the next: its own cache, prefill, then one token a step.
+    Its own loop, on purpose: the oracle shares the model and the runner with the stages, not their engine."""
 
-    def __init__(self, model: Llama, *, max_model_len: int, max_num_seqs: int = 1):
+    def __init__(self, model: Llama, max_model_len: int, max_num_seqs: int):
         self.model, self.max_model_len = model, max_model_len
+        self.max_num_seqs = max_num_seqs  # what it was given; it runs one request at a time whatever this says
         self.runner = ModelRunner(model)
         self.waiting: deque[Sequence] = deque()
         self.current: Sequence | None = None
@@ -51,7 +53,7 @@ class ReferenceEngine:
         advance(seq, n, outputs[0])  # postprocess
         if seq.is_finished:
             self.current = None
-        return StepResult([seq], [n], [start], outputs, slots=[0], admitted=admitted)
+        return StepResult(ScheduledBatch([seq], [n], [start], slots=[0], admitted=admitted), outputs)
 
     def state(self) -> EngineState:
         return EngineState(1, 1, int(self.current is not None), len(self.waiting), self.kv_bytes_reserved(),
@@ -70,5 +72,9 @@ class ReferenceEngine:
         return (seq.num_cached_tokens if seq is not None else 0) * per_token
 
 
+def build(config: EngineConfig, tokenizer=None) -> ReferenceEngine:
+    return ReferenceEngine(config.model.load(Llama), config.model.max_model_len, config.scheduler.max_num_seqs)
+
+
 class ReferenceLLM(LLM):
-    engine_class = ReferenceEngine
+    build = staticmethod(build)

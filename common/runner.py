@@ -11,18 +11,15 @@ import torch
 
 from common.engine import SeqOutput
 from common.model import AttentionBackend, Llama
-from common.processors import apply_processors
 from common.sampler import greedy_tokens, sample, token_logprobs
 from common.sequence import Sequence
 
 
 class ModelRunner:
-    # vLLM's logprobs_mode: "raw_logprobs" (the model's distribution) or "processed_logprobs" (after the
-    # request's logits processors, the distribution it was sampled from before temperature).
-    logprobs_mode = "raw_logprobs"
-
-    def __init__(self, model: Llama):
-        self.model = model
+    def __init__(self, model: Llama, logprobs_mode: str = "raw_logprobs"):
+        """logprobs_mode (vLLM's): "raw_logprobs", the model's distribution, or "processed_logprobs", after the
+        request's logits processors (the distribution it was sampled from, before temperature)."""
+        self.model, self.logprobs_mode = model, logprobs_mode
 
     def run(self, seqs: list[Sequence], query_lens: list[int], cache: AttentionBackend) -> list[SeqOutput]:
         """Feed each sequence its next ``query_lens[i]`` tokens (its own, then any draft tokens); sample for those
@@ -59,12 +56,13 @@ class ModelRunner:
 
     def sample_run(self, seq: Sequence, logits: torch.Tensor, argmax: list[int] | None, out: SeqOutput) -> None:
         """Sample ``seq``'s rows in position order; row i assumes the first i draft tokens were kept, so its
-        processors see that history and its draw is the sequence's next. The run stops after the first token
-        that differs from the draft fed after it (or after the last row): the rows beyond assumed a token that
-        was not chosen (exact-match verification: the kept tokens are those one-at-a-time decoding gives)."""
+        processors see that history (a rule with state, a grammar, looks ahead along it and comes back) and its
+        draw is the sequence's next. The run stops after the first token that differs from the draft fed after it
+        (or after the last row): the rows beyond assumed a token that was not chosen (exact-match verification: the
+        kept tokens are those one-at-a-time decoding gives)."""
         drafts, p = seq.spec_token_ids[:out.drafted], seq.params
         for i, row in enumerate(logits):
-            processed = apply_processors(seq.processors, row, seq.output_token_ids + out.tokens)
+            processed = seq.processed(row, out.tokens)
             token = argmax[i] if argmax is not None else sample(processed, p, seq.generator)
             out.tokens.append(token)
             if p.logprobs is not None:
@@ -72,11 +70,6 @@ class ModelRunner:
                 out.logprobs = (out.logprobs or []) + [token_logprobs(source, token, p.logprobs)]
             if i == len(drafts) or token != drafts[i]:
                 break
-            for rule in seq.processors:  # tentatively, for the next row; taken back below
-                rule.accept(token)
-        if len(out.tokens) > 1:
-            for rule in seq.processors:
-                rule.rollback(len(out.tokens) - 1)
 
     def score_prompt(self, seq: Sequence, n: int, hidden: torch.Tensor, first_row: int) -> list:
         """vLLM's prompt_logprobs: each prompt token's log-probability given the tokens before it, from the rows

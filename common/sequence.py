@@ -8,6 +8,7 @@ from enum import Enum
 
 import torch
 
+from common.processors import apply_processors
 from common.sampler import Logprob, make_generator
 from common.sampling import SamplingParams
 
@@ -82,10 +83,16 @@ class RequestOutput:
 
 
 class Sequence:
-    """A request as the engine sees it: its prompt, the tokens sampled so far, and how many are cached."""
+    """A request as the engine sees it: its prompt, the tokens sampled so far, and how many are cached.
+
+    Complete when made: the front end (common/requests.py) gives it its logits processors, its length limit, its
+    detokenizer and its place among its siblings. Then two drivers change it, each its own fields: the scheduler
+    (``status``, ``num_cached_tokens``, the draft tokens ``spec_token_ids``) and ``advance`` after each step (the
+    tokens kept, their text, the finish)."""
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, eos_token_id: int | tuple[int, ...],
-                 device: torch.device, prompt: str | None = None, processors: list | None = None):
+                 device: torch.device, prompt: str | None = None, processors: list | None = None,
+                 max_len: int | None = None, detokenizer=None, index: int = 0, group: list | None = None):
         self.seq_id = next(_ids)
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -99,13 +106,16 @@ class Sequence:
         self.finish_reason: str | None = None
         self.error: str | None = None  # why it ended with finish_reason "error"
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
-        self.max_len: int | None = None  # the engine's max_model_len: a hard stop
-        self.index = 0  # position in its generate() call (the label in timelines)
+        self.max_len = max_len  # the engine's max_model_len: a hard stop
+        self.index = index  # position in its generate() call (the label in timelines)
         self.num_cached_tokens = 0  # tokens whose keys and values are in the KV cache
-        self.output_text = ""  # detokenized as tokens arrive (when a detokenizer is attached)
-        self.detokenizer = None  # common.tokenizer.IncrementalDetokenizer, attached by the LLM front end
-        self.group: list[Sequence] = [self]  # the n samples of its request (SamplingParams.n), itself among them
-        self.sample_index = 0  # its place among them: its seed is the request's + sample_index
+        self.output_text = ""  # detokenized as tokens arrive (with a detokenizer)
+        self.detokenizer = detokenizer  # common.tokenizer.IncrementalDetokenizer
+        # The n samples of its request (SamplingParams.n), itself among them: a list its siblings share, each added
+        # as it is made. Its place among them: its seed is the request's + sample_index.
+        self.group: list[Sequence] = group if group is not None else []
+        self.sample_index = len(self.group)
+        self.group.append(self)
         self.logprobs: list[Logprob] = []  # per output token, with params.logprobs
         self.prompt_logprobs: list = [None]  # with params.prompt_logprobs, per prompt token (the first has none)
         # Its logits processors (common/processors.py), in order; their state follows the tokens it keeps.
@@ -141,6 +151,22 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def processed(self, logits: torch.Tensor, ahead: list[int]) -> torch.Tensor:
+        """Its logits row after its processors, at the position after its kept tokens and ``ahead`` (the draft
+        tokens a step assumes kept): each rule with state looks ahead along them and comes back, so it follows the
+        kept tokens alone (the sequence is its one driver: `append_token` moves it past a kept token)."""
+        if not self.processors:
+            return logits
+        for rule in self.processors:
+            for token in ahead:
+                rule.accept(token)
+        try:
+            return apply_processors(self.processors, logits, self.output_token_ids + ahead)
+        finally:
+            if ahead:
+                for rule in self.processors:
+                    rule.rollback(len(ahead))
 
     def append_token(self, token_id: int, logprobs: Logprob | None = None) -> None:
         """Record a kept token, its log-probabilities, its time and its text; its processors move past it."""

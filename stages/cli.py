@@ -9,9 +9,8 @@ from rich.console import Console
 
 from common.paths import DEFAULT_MODEL
 from stages import workloads
-from common.config import ModelConfig
-from common.loader import parse_dtype, parse_memory, resolve_device
-from common.prepare import resolve_model
+from common.loader import parse_memory, resolve_device
+from common.validate import InvalidParam
 from stages.report import describe_step_cost, print_blocks, print_timeline, summary_row, summary_table
 from stages.xray import cli as xray
 
@@ -68,25 +67,20 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def make_llm(module: str, args: argparse.Namespace):
-    """Build a stage's LLM; the same KV budget becomes blocks (stage 03 on) or whole slots (01-02)."""
+    """Build a stage's LLM from the shared command line; the same KV budget becomes blocks (stage 03 on) or whole
+    slots (01-02). A stage's ``command_line_defaults`` fill the options the command line leaves unset."""
     cls = importlib.import_module(module).LLM
+    given = vars(args)
     kw = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              batch_invariant=not args.no_batch_invariant, quantization=getattr(args, "quantization", None))
-    budget = parse_memory(args.kv_memory, resolve_device(args.device))
-    if getattr(cls.engine_class, "paged", False):
-        kw.update(kv_cache_memory=budget, block_size=args.block_size,
-                  max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
-                  enable_chunked_prefill=not args.no_chunked_prefill, enable_preemption=not args.no_preemption)
-    elif budget is not None:  # stages 01-02: as many max_model_len slots as the budget holds
-        config = ModelConfig.from_folder(resolve_model(args.model))
-        max_len = args.max_model_len or min(config.max_position_embeddings, 2048)
-        per_slot = max_len * config.kv_bytes_per_token(parse_dtype(args.dtype).itemsize)
-        if budget < per_slot:
-            raise SystemExit(f"--kv-memory {args.kv_memory} holds no {max_len}-token slot for {module}")
-        kw["max_num_seqs"] = min(args.max_num_seqs, budget // per_slot)
-    if getattr(cls, "default_speculative_config", None):  # stage 06: speculation on, the command line's or its own
-        kw["speculative_config"] = getattr(args, "speculative_config", None) or cls.default_speculative_config
-    return cls(args.model, **kw)
+              batch_invariant=not args.no_batch_invariant, quantization=given.get("quantization"),
+              kv_cache_memory=parse_memory(args.kv_memory, resolve_device(args.device)), block_size=args.block_size,
+              max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=not args.no_prefix_caching,
+              enable_chunked_prefill=not args.no_chunked_prefill, enable_preemption=not args.no_preemption)
+    kw.update({key: given.get(key) or default for key, default in cls.command_line_defaults.items()})
+    try:
+        return cls(args.model, **kw)
+    except InvalidParam as e:  # a budget that holds no slot, say: the reason, not a traceback
+        raise SystemExit(f"{STAGE_NAMES.get(module, module)}: {e}") from None
 
 
 def run(stage_modules: list[str], args: argparse.Namespace, console: Console | None = None) -> dict:
@@ -127,7 +121,7 @@ def run(stage_modules: list[str], args: argparse.Namespace, console: Console | N
                           f"block tables listed {llm.stats.peak_table_blocks:,} at their peak (held with nothing "
                           f"shared)")
         if llm.stats.block_timeline:
-            blocks[name] = (list(llm.stats.block_timeline), llm.engine.block_manager.num_blocks)
+            blocks[name] = (list(llm.stats.block_timeline), llm.engine.scheduler.block_manager.num_blocks)
         if args.workload == "chat" and len(stage_modules) == 1:
             for o in outputs[:2]:
                 console.print(f"[bold green]{o.text[:200]!r}[/] ({o.finish_reason}{': ' + o.error if o.error else ''})")

@@ -5,7 +5,7 @@ from common import ReferenceLLM
 from stages import workloads
 from stages.cli import parser
 
-ablation = importlib.import_module("stages.03_paged_kv.ablation")
+ablation = importlib.import_module("stages.paged_kv.ablation")
 
 
 def test_each_idea_off_changes_the_work_not_the_tokens():

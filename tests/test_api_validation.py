@@ -124,7 +124,7 @@ def test_a_command_line_whose_every_request_failed_says_why_and_exits_non_zero()
 
 def test_a_port_out_of_range_is_refused_by_the_command_line(capsys):
     import importlib
-    cli = importlib.import_module("stages.05_streaming.__main__")
+    cli = importlib.import_module("stages.streaming.__main__")
     with pytest.raises(SystemExit) as exit_:
         cli.main(["serve", "--model", "tiny", "--port", "81100"])
     assert exit_.value.code == 2 and "81100 is not a TCP port: use 0-65535" in capsys.readouterr().err

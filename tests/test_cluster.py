@@ -20,8 +20,8 @@ from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 from workloads import Server
 
-calibrate = importlib.import_module("stages.05_streaming.cluster.calibrate")
-cluster = importlib.import_module("stages.05_streaming.cluster.deploy")
+calibrate = importlib.import_module("stages.streaming.cluster.calibrate")
+cluster = importlib.import_module("stages.streaming.cluster.deploy")
 streaming = importlib.import_module("stages.05_streaming")
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray Serve is not installed (pip install -e '.[cluster]')")

@@ -7,7 +7,7 @@ import torch
 
 from common.numerics import ops
 
-bench = importlib.import_module("stages.04_kernels.kernel_bench")
+bench = importlib.import_module("stages.kernels.kernel_bench")
 
 
 def test_each_op_is_shown_three_ways_and_the_fused_kernel_keeps_the_reference_bits():

@@ -12,8 +12,8 @@ import torch
 from common.numerics import ops
 
 pytest.importorskip("triton")
-ew = importlib.import_module("stages.04_kernels.elementwise")
-pa = importlib.import_module("stages.04_kernels.paged_attention")
+ew = importlib.import_module("stages.kernels.elementwise")
+pa = importlib.import_module("stages.kernels.paged_attention")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

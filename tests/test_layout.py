@@ -1,5 +1,5 @@
 """The layout the tools can see: the import graph of common/ and stages/ has no cycle, common/ never reaches up
-into a stage, common/ holds no instrument and no stage reaches one, and every command the READMEs and docs/ name
+into a stage, common/ holds no instrument and no stage reaches one, every command the READMEs and docs/ name
 exists (its --help runs)."""
 import ast
 import os
@@ -15,15 +15,28 @@ import stages
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("common", "stages")
+DOORS = {f"stages.{name}": package for name, package in stages.STAGES.items()}  # stages/paged_kv.py -> its folder
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return numbered(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+def numbered(name: str) -> str:
+    """A stage module's name in its folder: ``stages.paged_kv.scheduler`` -> ``stages.03_paged_kv.scheduler`` (the
+    door stages/paged_kv.py stands for the folder's package)."""
+    door = next((d for d in DOORS if name == d or name.startswith(d + ".")), None)
+    return name if door is None else DOORS[door] + name[len(door):]
+
+
+def modules() -> dict[str, list[Path]]:
+    """Module name -> its files (a stage package: its __init__ and its door)."""
+    found: dict[str, list[Path]] = {}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            found.setdefault(module_name(p), []).append(p)
+    return found
 
 
 def type_checking_only(tree: ast.Module) -> set[int]:
@@ -37,8 +50,8 @@ def type_checking_only(tree: ast.Module) -> set[int]:
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """Every module ``name`` imports, lazy (inside functions) ones included: ``from P import x`` counts as an import
-    of ``P.x`` where that is a module, ``from stages import static_batch`` as one of the stage it names, and
-    ``importlib.import_module("...")`` with a literal name as an import of that module."""
+    of ``P.x`` where that is a module, ``stages.paged_kv...`` as the stage folder's module it names (through the
+    door), and ``importlib.import_module("...")`` with a literal name as an import of that module."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skip = type_checking_only(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -47,28 +60,24 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         if getattr(node, "lineno", None) in skip:
             continue
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
+            found |= {numbered(a.name) for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([node.module] if node.module else []))
             for alias in node.names:
-                if base == "stages" and alias.name in stages.STAGES:
-                    found.add(stages.STAGES[alias.name])
-                elif f"{base}.{alias.name}" in known:
-                    found.add(f"{base}.{alias.name}")
-                else:
-                    found.add(base)
+                full = numbered(f"{base}.{alias.name}")
+                found.add(full if full in known else numbered(base))
         elif (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args
               and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-            found.add(node.args[0].value)
+            found.add(numbered(node.args[0].value))
     return {m for m in found if m in known and m != name}
 
 
 def import_graph() -> dict[str, set[str]]:
     mods = modules()
-    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    return {name: set().union(*(imports_of(name, p, set(mods)) for p in paths)) for name, paths in mods.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -108,8 +117,10 @@ def test_the_graph_sees_the_imports_that_make_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
     graph = import_graph()
-    assert "stages.01_static_batch" in graph["stages.02_continuous_batch.engine"]  # via the registry
-    assert "common.prepare" in graph["common.llm"]
+    assert "stages.03_paged_kv" in graph["stages.06_speculative.scheduler"]  # stage 03 through its door
+    assert "stages.03_paged_kv.scheduler" in graph["stages.03_paged_kv"]  # which hands its parts on
+    assert "stages.05_streaming" in graph["stages.06_speculative.engine"]
+    assert "common.prepare" in graph["common.engine_config"]
     assert "common.numerics.native" in graph["common.numerics.invariant"]
 
 
@@ -167,8 +178,12 @@ def test_the_core_reaches_the_numerics_through_one_door():
 
 
 def test_every_stage_has_a_python_name():
+    """Each stage folder is the package path of its door, and its numbered name is the same module."""
+    import importlib
     for name, module in stages.STAGES.items():
-        assert getattr(stages, name).__name__ == module
+        door = importlib.import_module(f"stages.{name}")
+        assert door.__path__ == [str(ROOT / "stages" / module.removeprefix("stages."))]
+        assert importlib.import_module(module) is door
     with pytest.raises(AttributeError):
         stages.no_such_stage  # noqa: B018
 

@@ -9,7 +9,7 @@ import torch
 
 from common.numerics import native
 
-bench = importlib.import_module("stages.04_kernels.linear_bench")
+bench = importlib.import_module("stages.kernels.linear_bench")
 
 SHAPES = [(48, 64), (32, 96)]  # small, in whole blocks of 16 outputs and groups of 32 inputs (as int kernels need)
 

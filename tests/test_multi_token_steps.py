@@ -15,6 +15,9 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams, Sequence
+from common.engine import LLMEngine
+from common.model import Llama
+from common.runner import ModelRunner
 from common.processors import LogitsProcessor
 from test_parallel_sampling import TINY_BYTES_PER_TOKEN, penalized_params
 from workloads import TINY_VOCAB, examples
@@ -42,10 +45,6 @@ class DraftingScheduler(paged.Scheduler):
         return super().schedule()
 
 
-class DraftingEngine(paged.LLMEngine):
-    scheduler_class = DraftingScheduler
-
-
 class Checked:
     """An observer: the audit, and no block held past what a running request's computed tokens need."""
 
@@ -53,7 +52,7 @@ class Checked:
         self.engine, self.steps_with_rejections = engine, 0
 
     def on_step(self, event):
-        bm = self.engine.block_manager
+        bm = self.engine.scheduler.block_manager
         bm.audit(self.engine.scheduler.running)
         for seq in self.engine.scheduler.running:
             assert len(bm.table(seq)) == bm.blocks_for(seq.num_cached_tokens), (seq.num_cached_tokens, bm.table(seq))
@@ -61,8 +60,16 @@ class Checked:
         self.steps_with_rejections += any(s.accepted < s.drafted for s in event.seqs)
 
 
+def drafting_build(config, tokenizer=None):
+    """Stage 03's engine with the drafting scheduler."""
+    model = config.model.load(Llama)
+    blocks = paged.kv_blocks(config, model)
+    cache = paged.PagedKVCache(model.config, blocks.num_blocks, blocks.block_size, model.dtype, model.device)
+    return LLMEngine(model, DraftingScheduler(config.scheduler, blocks), cache, ModelRunner(model))
+
+
 class DraftingLLM(paged.LLM):
-    engine_class = DraftingEngine
+    build = staticmethod(drafting_build)
 
 
 def with_rule(base, rule):
@@ -114,7 +121,7 @@ def test_drafted_steps_keep_exactly_the_references_tokens_and_logprobs(reference
                                                                         for o in e.outputs]
         assert [o.logprobs for o in g.outputs] == [o.logprobs for o in e.outputs]
         assert g.prompt_logprobs == e.prompt_logprobs
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
 
 

@@ -78,7 +78,7 @@ def test_every_sample_equals_the_reference_on_shared_blocks(reference, workload,
             assert [(c.token_ids, c.logprobs) for c in out.outputs] == [(e.token_ids, e.outputs[0].logprobs)
                                                                          for e in samples]
             assert out.prompt_logprobs == samples[0].prompt_logprobs
-        bm = llm.engine.block_manager
+        bm = llm.engine.scheduler.block_manager
         assert bm.num_free_blocks == bm.num_blocks and all(b.ref_count == 0 for b in bm.blocks)
 
 
@@ -116,18 +116,18 @@ def test_aborting_one_sample_or_all_leaves_no_block(reference):
         prompt = list(range(40, 61))
         streams = llm.add_samples(prompt, params)
         for _ in range(4):
-            llm.run_step()
+            llm.loop.run_step()
         llm.abort(streams[1].request_id)  # one sample goes; its siblings run on to the reference's tokens
         got = [[t for c in llm.read(s) for t in c.token_ids] for s in (streams[0], streams[2])]
         expect = expected_samples(reference, prompt, params)
         assert got == [expect[0], expect[2]] and streams[1].seq.finish_reason == "abort"
-        assert llm.engine.block_manager.num_used_blocks == 0
+        assert llm.engine.scheduler.block_manager.num_used_blocks == 0
         streams = llm.add_samples(prompt, params)
-        llm.run_step(), llm.run_step()
+        llm.loop.run_step(), llm.loop.run_step()
         for s in streams:  # all of them
             llm.abort(s.request_id)
-        llm.run_step()
-        assert not llm.engine.scheduler.running and llm.engine.block_manager.num_used_blocks == 0
+        llm.loop.run_step()
+        assert not llm.engine.scheduler.running and llm.engine.scheduler.block_manager.num_used_blocks == 0
         with pytest.raises(ValueError, match="add_samples"):
             llm.add_request(prompt, params)
     finally:
@@ -293,7 +293,7 @@ def test_the_openai_client_reads_n_choices_with_penalties(server, reference, str
 
 def wait_until_idle(server):
     from workloads import wait_until
-    return wait_until(lambda: server.llm.engine.block_manager.num_used_blocks == 0)
+    return wait_until(lambda: server.llm.engine.scheduler.block_manager.num_used_blocks == 0)
 
 
 def test_copies_run_in_the_order_recorded():

@@ -9,11 +9,11 @@ from hypothesis import given, settings, strategies as st
 
 from common import SamplingParams, Sequence
 from common.engine import SeqOutput
+from common.engine_config import SchedulerConfig
 from workloads import checked_steps, examples
 
 paged = importlib.import_module("stages.03_paged_kv")
-streaming = importlib.import_module("stages.05_streaming.engine")
-preemption = importlib.import_module("stages.03_paged_kv.preemption")
+preemption = importlib.import_module("stages.paged_kv.preemption")
 
 
 def request(prompt_len: int, max_tokens: int = 50) -> Sequence:
@@ -22,14 +22,15 @@ def request(prompt_len: int, max_tokens: int = 50) -> Sequence:
 
 
 def scheduler(num_blocks: int, block_size: int, max_num_seqs: int = 4, budget: int = 512, cls=None):
-    return (cls or paged.Scheduler)(paged.BlockManager(num_blocks, block_size), max_num_seqs, budget)
+    return (cls or paged.Scheduler)(SchedulerConfig(max_num_seqs, budget), paged.BlockManager(num_blocks, block_size))
 
 
 def step(s) -> list[tuple[Sequence, int]]:
     """Plan a step, then do what the runner does: the fed tokens become cached, a completed one samples a token."""
-    seqs, lens = s.schedule()
+    batch = s.schedule()
+    seqs, lens = batch.seqs, batch.lens
     outputs = [SeqOutput([7] if seq.num_cached_tokens + n == len(seq) else []) for seq, n in zip(seqs, lens)]
-    s.postprocess(seqs, lens, outputs)
+    s.postprocess(batch, outputs)
     return list(zip(seqs, lens))
 
 
@@ -76,7 +77,7 @@ def test_the_newest_is_preempted_and_requeued_first_and_counted():
 
 
 def test_abort_takes_a_request_out_wherever_it_is():
-    s = scheduler(8, 4, max_num_seqs=1, cls=streaming.Scheduler)
+    s = scheduler(8, 4, max_num_seqs=1, cls=paged.Scheduler)
     running, waiting = request(5), request(5)
     s.add(running), s.add(waiting)
     step(s)
@@ -134,8 +135,8 @@ def test_the_scheduling_rules_hold_at_every_step_of_any_workload(prompts, max_to
             for prompt, m in zip(prompts, max_tokens)]
     need = max(-(-(len(q) + q.params.max_tokens) // block_size) for q in seqs)  # the pool fits the largest alone
     pc = paged.PrefixCache(block_size) if prefix_caching else None
-    s = paged.Scheduler(paged.BlockManager(need + spare_blocks, block_size, pc), max_num_seqs,
-                        max_num_seqs + token_budget, pc)
+    s = paged.Scheduler(SchedulerConfig(max_num_seqs, max_num_seqs + token_budget),
+                        paged.BlockManager(need + spare_blocks, block_size, pc))
     for seq in seqs:
         s.add(seq)
     with checked_steps() as violations:

@@ -102,7 +102,7 @@ def test_32_concurrent_streaming_clients(tiny_server, tiny_ref):
         return await asyncio.gather(*(one(c, i) for i in range(32)))
 
     assert asyncio.run(main()) == expected
-    assert wait_until(lambda: tiny_server.llm.engine.block_manager.num_used_blocks == 0)
+    assert wait_until(lambda: tiny_server.llm.engine.scheduler.block_manager.num_used_blocks == 0)
 
 
 def test_the_load_runs_reader_counts_what_the_server_streams(tiny_ref):
@@ -139,13 +139,14 @@ def test_client_disconnect_aborts_the_request(tiny_server):
             for line in lines:
                 if line.startswith("data: {"):  # the first token exists: the request is running
                     break
-            assert llm.engine.block_manager.num_used_blocks > 0
+            assert llm.engine.scheduler.block_manager.num_used_blocks > 0
     # the connection is closed: the request must be aborted at the next step
     assert wait_until(lambda: sum(llm.metrics.finished.values()) > sum(finished.values()))
     assert llm.metrics.finished.get("abort", 0) == finished.get("abort", 0) + 1
     assert llm.metrics.finished.get("length", 0) == finished.get("length", 0)
     assert llm.metrics.output_tokens - tokens < 500  # it stopped early
-    assert wait_until(lambda: llm.engine.block_manager.num_used_blocks == 0 and not llm.engine.scheduler.running)
+    bm = llm.engine.scheduler.block_manager
+    assert wait_until(lambda: bm.num_used_blocks == 0 and not llm.engine.scheduler.running)
     with httpx.Client(timeout=30) as http:
         values = metric_values(http.get(tiny_server.url + "/metrics").text)
     assert values['stepwise_requests_finished_total{finish_reason="abort"}'] == finished.get("abort", 0) + 1
@@ -241,7 +242,8 @@ def test_models_health_and_metrics(tiny_server):
         text = http.get(tiny_server.url + "/metrics").text
     values = metric_values(text)
     llm = tiny_server.llm
-    assert values["stepwise_kv_blocks_used"] + values["stepwise_kv_blocks_free"] == llm.engine.block_manager.num_blocks
+    pool = llm.engine.scheduler.block_manager.num_blocks
+    assert values["stepwise_kv_blocks_used"] + values["stepwise_kv_blocks_free"] == pool
     count = values["stepwise_time_to_first_token_seconds_count"]
     assert count >= 1 and values['stepwise_time_to_first_token_seconds_bucket{le="+Inf"}'] == count
     assert "# TYPE stepwise_inter_token_latency_seconds histogram" in text
@@ -287,7 +289,7 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
             release.set()
         for t in threads:
             t.join(60)
-        pool = llm.engine.block_manager.num_blocks
+        pool = llm.engine.scheduler.block_manager.num_blocks
         assert (values["stepwise_requests_running"], values["stepwise_requests_waiting"]) == (2, 1)
         assert values["stepwise_kv_blocks_used"] == used > 0
         assert values["stepwise_kv_blocks_free"] == pool - used
@@ -295,7 +297,7 @@ def test_gauges_add_up_to_the_pool_and_the_requests_in_flight(tiny_ref):
         assert values["stepwise_prefix_cache_hit_rate"] == 0 and values["stepwise_preemptions"] == 0
         assert not any(k.startswith("stepwise_requests_finished_total") for k in values)
         assert texts == [o.text for o in tiny_ref.generate(prompts, params)]
-        assert wait_until(lambda: llm.engine.block_manager.num_used_blocks == 0)
+        assert wait_until(lambda: llm.engine.scheduler.block_manager.num_used_blocks == 0)
         after = metric_values(http.get(s.url + "/metrics").text)
     assert (after["stepwise_requests_running"], after["stepwise_requests_waiting"]) == (0, 0)
     assert (after["stepwise_kv_blocks_used"], after["stepwise_kv_blocks_free"]) == (0, pool)

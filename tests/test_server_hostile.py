@@ -12,8 +12,8 @@ from common import ReferenceLLM, SamplingParams
 from workloads import Server, wait_until
 
 streaming = importlib.import_module("stages.05_streaming")
-answers_module = importlib.import_module("stages.05_streaming.server.answers")
-events_module = importlib.import_module("stages.05_streaming.server.events")
+answers_module = importlib.import_module("stages.streaming.server.answers")
+events_module = importlib.import_module("stages.streaming.server.events")
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 BASE = {"model": "tiny", "prompt": "Hi", "max_tokens": 4}
 MSG = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -201,7 +201,7 @@ def test_non_streaming_request_is_aborted_when_its_client_disconnects(server, ex
     with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
-        assert wait_until(lambda: server.llm.engine.block_manager.num_used_blocks > 0)  # it is running
+        assert wait_until(lambda: server.llm.engine.scheduler.block_manager.num_used_blocks > 0)  # it is running
     # 1,000 tokens take seconds; an aborted request ends within a few steps
     assert wait_until(lambda: aborted() == before + 1, timeout=3)
     assert_still_serving(server, expected)
@@ -269,4 +269,4 @@ def test_fuzzed_bodies_never_get_a_500_and_never_hang(short_server, request):
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     elif payload.get("stream") is True:
         assert r.text.rstrip().endswith("data: [DONE]")
-    assert wait_until(lambda: short_server.llm.engine.block_manager.num_used_blocks == 0)
+    assert wait_until(lambda: short_server.llm.engine.scheduler.block_manager.num_used_blocks == 0)

@@ -55,7 +55,7 @@ def test_same_tokens_as_reference(reference, workload, block_size, spare_blocks,
     for e, g, p in zip(expected, got, params):
         assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason)
         assert not (problems := finish_problems(g, p, reference.config.eos_token_id)), (problems, p)
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks  # every block back in the pool
     bm.audit([])
     # Run again on the warm cache: prefix hits must not change a token either.
@@ -115,7 +115,7 @@ def test_hash_collisions_are_caught_by_comparing_tokens(reference):
     prompts = [list(range(10, 50)), list(range(60, 100))]  # different first blocks
     params = SamplingParams(temperature=0, max_tokens=4)
     llm = paged.LLM("tiny", max_num_seqs=1)
-    llm.engine.prefix_cache.hash_fn = lambda parent, tokens: b"same"  # every block collides
+    llm.engine.scheduler.prefix_cache.hash_fn = lambda parent, tokens: b"same"  # every block collides
     got = llm.generate(prompts, params)
     assert llm.stats.prefix_hit_tokens == 0
     assert [g.token_ids for g in got] == [e.token_ids for e in reference.generate(prompts, params)]
@@ -148,7 +148,7 @@ def test_more_sequences_in_flight_than_stage_02_under_the_same_budget():
     llm = paged.LLM("tiny", max_num_seqs=12, max_model_len=512, kv_cache_memory=budget)
     llm.generate(prompts, params)
     assert llm.stats.peak_running == 12
-    assert llm.engine.kv_capacity_tokens == 1024
+    assert llm.engine.scheduler.kv_capacity_tokens == 1024
 
 
 def test_bad_requests_fail_alone(reference):
@@ -159,7 +159,7 @@ def test_bad_requests_fail_alone(reference):
     assert "whole KV pool holds 64" in outs[1].error and "max_tokens" in outs[2].error
     assert "at most 4 " in outs[2].error and "temperature" in outs[3].error
     assert outs[0].token_ids == reference.generate([[5] * 10], good)[0].token_ids
-    assert llm.engine.block_manager.num_free_blocks == 4
+    assert llm.engine.scheduler.block_manager.num_free_blocks == 4
 
 
 def test_budget_below_one_block_is_refused():
@@ -183,8 +183,8 @@ def test_vllm_byte_count_name_sizes_the_same_pool():
     budget = 40 * 16 * TINY_BYTES_PER_TOKEN  # 40 blocks of 16 tokens
     by_bytes = paged.LLM("tiny", max_num_seqs=4, kv_cache_memory_bytes=budget)
     by_text = paged.LLM("tiny", max_num_seqs=4, kv_cache_memory=f"{budget}")
-    assert by_bytes.engine.block_manager.num_blocks == by_text.engine.block_manager.num_blocks == 40
-    assert by_bytes.engine.kv_cache_memory_bytes == budget
+    assert by_bytes.engine.scheduler.block_manager.num_blocks == by_text.engine.scheduler.block_manager.num_blocks == 40
+    assert by_bytes.engine_config.cache.kv_cache_memory == budget
     for bad, says in (({"kv_cache_memory_bytes": budget, "kv_cache_memory": "1MiB"}, "not both"),
                       ({"kv_cache_memory_bytes": "1MiB"}, "must be an integer")):
         with pytest.raises(ValueError, match=says) as err:
@@ -226,7 +226,7 @@ def test_an_engine_error_mid_run_leaks_no_blocks(reference):
     llm.engine.runner.run = fails_on_the_third_step
     with pytest.raises(RuntimeError, match="device lost"):
         llm.generate(prompts, params)
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
     bm.audit([])
     llm.engine.runner.run = run
@@ -276,7 +276,7 @@ def test_a_freed_sequence_gives_back_its_tail_before_its_head(reference):
     params = SamplingParams(temperature=0, max_tokens=1)
     llm = paged.LLM("tiny", block_size=4, kv_cache_memory=4 * 4 * TINY_BYTES_PER_TOKEN, max_num_seqs=1)
     llm.generate([a], params)
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.block_manager
     assert list(bm.free)[:3] == [3, 2, 1]  # the unused block, then a's blocks from its last to its first
     llm.generate([b], params)
     got = llm.generate([a + [99]], params)[0]

@@ -86,7 +86,7 @@ def test_fused_cpu_kernels_give_the_reference_bits(dtype):
     from common.loader import load_model
     from common.prepare import resolve_model
     from stages import __name__ as _  # noqa: F401
-    kernel_model = importlib.import_module("stages.04_kernels.model")
+    kernel_model = importlib.import_module("stages.kernels.model")
     folder = resolve_model(DEFAULT_MODEL)
     reference = load_model(folder, dtype)
     fused = load_model(folder, dtype, model_class=kernel_model.KernelLlama)
@@ -128,7 +128,7 @@ def test_the_fusion_count_sees_each_compiled_kernel_call_once():
     """The compiled kernels are bound to Python outside the dispatcher's sight: the counter must still count each
     call as one operation, and never the allocations a kernel makes inside or the counter's own bookkeeping."""
     from common.numerics import native
-    fused_source = importlib.import_module("stages.04_kernels.cpu_fusion").SOURCE
+    fused_source = importlib.import_module("stages.kernels.cpu_fusion").SOURCE
     if not native.load(fused_source):
         pytest.skip(f"the fused CPU kernels {native.build_note(fused_source)}")
     report = importlib.import_module("stages.bench.fusion_report")
@@ -150,7 +150,7 @@ def test_fused_cpu_kernels_match_common_ops_bit_for_bit(rows, hidden, dtype, sca
     import torch
 
     from common.numerics import ops
-    cpu_fusion = importlib.import_module("stages.04_kernels.cpu_fusion")
+    cpu_fusion = importlib.import_module("stages.kernels.cpu_fusion")
     config = ReferenceLLM("tiny").config
     fused = cpu_fusion.FusedCPU(config, getattr(torch, dtype))
     gen = torch.Generator().manual_seed(seed)
@@ -191,7 +191,7 @@ def test_fused_swiglu_gives_torchs_bits_for_every_gate_value(dtype):
     import torch
 
     from common.numerics import ops
-    cpu_fusion = importlib.import_module("stages.04_kernels.cpu_fusion")
+    cpu_fusion = importlib.import_module("stages.kernels.cpu_fusion")
     dt = getattr(torch, dtype)
     fused = cpu_fusion.FusedCPU(ReferenceLLM("tiny").config, dt)
     assert fused.silu_table is not None and "4 C++ kernels" in fused.note

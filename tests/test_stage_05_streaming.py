@@ -14,7 +14,7 @@ from common import ReferenceLLM, SamplingParams, Sequence
 from workloads import examples, finish_problems, wait_until, workloads
 
 streaming = importlib.import_module("stages.05_streaming")
-streams = importlib.import_module("stages.05_streaming.streams")
+streams = importlib.import_module("stages.streaming.streams")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_stream_equals_generate_equals_reference(reference, llm, workload, data)
         full = reference.tokenizer.decode(g.token_ids)
         if p.stop and g.finish_reason == "stop" and full != g.text:  # cut: the text ends where a stop string starts
             assert full.startswith(g.text) and any(full.startswith(s, len(g.text)) for s in p.stop), (full, g.text, p)
-    assert wait_until(lambda: llm.engine.block_manager.num_used_blocks == 0)
+    assert wait_until(lambda: llm.engine.scheduler.block_manager.num_used_blocks == 0)
 
 
 def test_stop_string_spanning_tokens_is_not_emitted(reference, llm):
@@ -169,15 +169,16 @@ def test_a_reader_that_stops_aborts_its_request_and_frees_its_blocks(reference, 
     aborted = llm.loop.streams[next(r for r, s in llm.loop.streams.items() if s.seq.num_prompt_tokens == 40)].seq
     aborts_before = llm.metrics.finished.get("abort", 0)
     it.close()  # the client goes away
-    llm.run_step()  # the next step applies the abort: the request is gone, its blocks are back
+    llm.loop.run_step()  # the next step applies the abort: the request is gone, its blocks are back
     assert aborted.finish_reason == "abort" and aborted not in llm.engine.scheduler.running
-    assert not llm.engine.block_manager.table(aborted) and llm.metrics.finished.get("abort", 0) == aborts_before + 1
+    bm = llm.engine.scheduler.block_manager
+    assert not bm.table(aborted) and llm.metrics.finished.get("abort", 0) == aborts_before + 1
     other_chunks = list(llm.read(other))  # reading the other request steps the engine on
     assert [t for c in other_chunks for t in c.token_ids] == reference.generate([[9, 8, 7]], other_params)[0].token_ids
     # The long request was aborted (not run to its 400 tokens); the other ran to its length; every block is back.
     assert llm.metrics.finished.get("abort", 0) == finished.get("abort", 0) + 1
     assert llm.metrics.finished.get("length", 0) == finished.get("length", 0) + 1
-    assert not llm.engine.scheduler.running and llm.engine.block_manager.num_used_blocks == 0
+    assert not llm.engine.scheduler.running and llm.engine.scheduler.block_manager.num_used_blocks == 0
 
 
 def test_a_request_aborted_while_queued_never_runs(reference):
@@ -186,10 +187,10 @@ def test_a_request_aborted_while_queued_never_runs(reference):
         long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
         first = llm.add_request([9, 8, 7], long)
         queued = llm.add_request([5, 6], SamplingParams(temperature=0, max_tokens=5))
-        llm.run_step()  # the first runs; the second waits for the only slot
+        llm.loop.run_step()  # the first runs; the second waits for the only slot
         assert llm.engine.scheduler.running and len(llm.engine.scheduler.waiting) == 1
         llm.abort(queued.request_id)  # the client gives up while its request waits for a slot
-        llm.run_step()
+        llm.loop.run_step()
         assert queued.done.is_set()
         chunks = list(llm.read(queued))
         assert chunks[-1].finish_reason == "abort" and not any(c.token_ids for c in chunks)
@@ -204,14 +205,15 @@ def test_gauges_follow_an_abort_that_leaves_nothing_to_run():
     llm = streaming.LLM("tiny", max_num_seqs=2)
     try:
         stream = llm.add_request([9, 8, 7] * 10, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
-        llm.run_step()
+        llm.loop.run_step()
         g = llm.gauges()
-        assert (g["running"], g["kv_blocks_used"]) == (1, llm.engine.block_manager.num_used_blocks) and g["running"]
+        bm = llm.engine.scheduler.block_manager
+        assert (g["running"], g["kv_blocks_used"]) == (1, bm.num_used_blocks) and g["running"]
         llm.abort(stream.request_id)
-        assert llm.run_step() is False  # the abort applied, nothing left to step
+        assert llm.loop.run_step() is False  # the abort applied, nothing left to step
         g = llm.gauges()
         assert (g["running"], g["waiting"], g["kv_blocks_used"]) == (0, 0, 0)
-        assert g["kv_blocks_free"] == g["kv_blocks"] == llm.engine.block_manager.num_blocks
+        assert g["kv_blocks_free"] == g["kv_blocks"] == llm.engine.scheduler.block_manager.num_blocks
     finally:
         llm.shutdown()
 
@@ -284,7 +286,7 @@ def test_concurrent_readers_step_the_engine_one_at_a_time(reference):
         t.start()
     for t in threads:
         t.join(60)
-    assert overlaps[0] == 0 and llm.loops_started == 0
+    assert overlaps[0] == 0 and llm.loop.loops_started == 0
     assert outputs == [e.token_ids for e in reference.generate([[20 + i, 7] for i in range(8)], params)]
 
 
@@ -302,7 +304,7 @@ def test_concurrent_async_first_requests_start_one_background_loop(reference):
         return [[t for c in [c async for c in s] for t in c.token_ids] for s in streams]
 
     outputs = asyncio.run(main())
-    assert llm.loops_started == 1
+    assert llm.loop.loops_started == 1
     assert outputs == [e.token_ids for e in reference.generate([[20 + i, 7] for i in range(8)], params)]
     llm.shutdown()
 
@@ -366,19 +368,19 @@ def test_shutdown_waits_for_the_loop_and_a_later_request_starts_a_new_one(refere
     params = SamplingParams(temperature=0.7, seed=4, max_tokens=8, ignore_eos=True)
     expected = reference.generate([[4, 5]], params)[0].token_ids
     for loop in (1, 2):
-        llm.start_background_loop()  # what a server's async readers get; nobody else steps here
+        llm.loop.start_background_loop()  # what a server's async readers get; nobody else steps here
         stream = llm.add_request([4, 5], params)
         assert stream.done.wait(30) and [t for c in llm.read(stream) for t in c.token_ids] == expected
         thread = llm.loop.thread
         llm.shutdown()
-        assert not thread.is_alive() and llm.loops_started == loop
+        assert not thread.is_alive() and llm.loop.loops_started == loop
 
 
 def test_shutdown_ends_the_requests_in_flight(reference):
     """A reader waiting on a request when the engine shuts down gets a final "abort" chunk saying why, instead of
     waiting forever for tokens nobody will compute; every block goes back."""
     llm = streaming.LLM("tiny", max_num_seqs=2)
-    llm.start_background_loop()
+    llm.loop.start_background_loop()
     stream = llm.add_request([4, 5], SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True))
     first = next(llm.read(stream))
     assert first.finish_reason is None
@@ -390,7 +392,7 @@ def test_shutdown_ends_the_requests_in_flight(reference):
     assert (rest[-1].text, rest[-1].token_ids) == ("", []) and rest[-1].metrics is stream.seq.metrics
     assert stream.seq.finish_reason == "abort" and llm.metrics.finished == {"abort": 1}
     assert len([t for c in [first, *rest] for t in c.token_ids]) < 2000
-    assert llm.engine.block_manager.num_used_blocks == 0 and not llm.engine.has_work()
+    assert llm.engine.scheduler.block_manager.num_used_blocks == 0 and not llm.engine.has_work()
 
 
 def test_an_error_while_applying_the_inbox_fails_in_flight_requests_and_the_loop_goes_on(reference, monkeypatch):

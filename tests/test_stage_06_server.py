@@ -61,7 +61,7 @@ def test_predicted_outputs_keep_the_tokens_and_count_what_was_drafted(server, ex
     assert details.accepted_prediction_tokens == stats.accepted > 0
     assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == stats.drafted
     assert details.rejected_prediction_tokens > 0  # the inserted words were drafted and rejected
-    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+    assert llm.engine.scheduler.block_manager.num_free_blocks == llm.engine.scheduler.block_manager.num_blocks
 
 
 def test_without_a_prediction_no_details_are_invented(server, expected):

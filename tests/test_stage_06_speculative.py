@@ -19,8 +19,8 @@ from test_parallel_sampling import TINY_BYTES_PER_TOKEN, penalized_params
 from workloads import examples
 
 spec = importlib.import_module("stages.06_speculative")
-proposers = importlib.import_module("stages.06_speculative.proposers")
-paged_scheduler = importlib.import_module("stages.03_paged_kv.scheduler")
+proposers = importlib.import_module("stages.speculative.proposers")
+paged_scheduler = importlib.import_module("stages.paged_kv.scheduler")
 streaming = importlib.import_module("stages.05_streaming")
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -46,7 +46,7 @@ class Checked:
         self.engine, self.verify_steps, self.rejections = engine, 0, 0
 
     def on_step(self, event):
-        bm, pc = self.engine.block_manager, self.engine.prefix_cache
+        bm, pc = self.engine.scheduler.block_manager, self.engine.scheduler.prefix_cache
         bm.audit(self.engine.scheduler.running)
         for seq in self.engine.scheduler.running:
             assert len(bm.table(seq)) == bm.blocks_for(seq.num_cached_tokens)
@@ -113,7 +113,7 @@ def test_ngram_lookup_equals_the_brute_force_search(tokens, lo, span, k):
 def test_prediction_proposer_realigns_after_an_edit():
     """The output departs from the prediction (a word replaced): no draft until its last tokens are found again,
     then the prediction's continuation from there, not from an earlier repeat."""
-    p = proposers.PredictionProposer(tokenizer=None)
+    p = proposers.PredictionProposer(tokenizer=None, k=4)
     ids = [10, 11, 12, 13, 14, 10, 11, 15, 16]
     assert p.realign(ids, [10, 11], 0) == 2
     assert p.realign(ids, [10, 11], 3) == 7  # the repeat after where the output stood
@@ -148,7 +148,7 @@ def test_ngram_speculation_keeps_the_references_tokens_and_logprobs(reference, w
     llm, checked = spec_llm(config, blocks=blocks, budget=max(budget, max_num_seqs, k + 1),
                             max_num_seqs=max_num_seqs, enable_prefix_caching=prefix)
     same_outputs(llm.generate(prompts, params), expected)
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks and llm.stats.drafted_tokens == llm.spec_stats.drafted
 
 
@@ -266,9 +266,9 @@ def test_prefix_hits_share_only_kept_tokens(reference):
 
 def kv_of(engine, seq):
     """The keys and values the target's cache holds for ``seq``'s computed tokens, in position order."""
-    bs = engine.block_manager.block_size
+    bs = engine.scheduler.block_manager.block_size
     pos = torch.arange(seq.num_cached_tokens)
-    blocks = torch.tensor(engine.block_manager.table(seq), dtype=torch.long)[pos // bs]
+    blocks = torch.tensor(engine.scheduler.block_manager.table(seq), dtype=torch.long)[pos // bs]
     return torch.cat([engine.cache.k[:, blocks, :, pos % bs], engine.cache.v[:, blocks, :, pos % bs]])
 
 
@@ -310,7 +310,7 @@ def test_a_w4a8_draft_keeps_the_tokens(reference):
               SamplingParams(temperature=0.8, seed=3, max_tokens=16, n=2),
               SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
     llm, checked = spec_llm({"method": "draft_model", "num_speculative_tokens": 3, "quantization": "w4a8"}, blocks=16)
-    assert llm.engine.scheduler.proposer.model.quantization == "w4a8"
+    assert llm.engine.scheduler.proposers[-1].model.quantization == "w4a8"
     same_outputs(llm.generate(prompts, params), reference.generate(prompts, params))
     assert checked.verify_steps > 0
 
@@ -327,7 +327,7 @@ def test_the_draft_model_keeps_the_tokens_and_drafts_the_int4_models_own_greedy_
               SamplingParams(temperature=0, max_tokens=20, repetition_penalty=1.3)]
     expected = reference.generate(prompts, params)
     llm, checked = spec_llm({"method": "draft_model", "num_speculative_tokens": 3}, blocks=16)
-    proposer = llm.engine.scheduler.proposer
+    proposer = llm.engine.scheduler.proposers[-1]
     propose, checked_drafts = proposer.propose, []
 
     def oracle_checked(seqs, ks):
@@ -350,7 +350,7 @@ def test_the_shared_command_line_and_the_ladder_run_stage_06_with_speculation_on
     args = parser("stage 06").parse_args(["--model", "tiny", "--max-num-seqs", "2", "--block-size", "4"])
     llm = make_llm("stages.06_speculative", args)
     assert STAGE_NAMES["stages.06_speculative"] == "06 speculative"
-    assert llm.speculative_config == spec.SpeculativeConfig.parse(spec.LLM.default_speculative_config)
+    assert llm.engine_config.speculative == spec.SpeculativeConfig.parse(spec.STAGE_DEFAULT)
     prompts, params = [[5, 6, 7, 5, 6, 7, 5, 6]], [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)]
     same_outputs(llm.generate(prompts, params), reference.generate(prompts, params))
     assert llm.stats.drafted_tokens > 0
@@ -363,7 +363,7 @@ def test_the_shared_command_line_and_the_ladder_run_stage_06_with_speculation_on
 def test_on_smollm2_every_proposer_keeps_the_references_tokens(config):
     """SmolLM2-135M in bfloat16: an edit with its original as prediction, an extraction (n-gram), a seeded chat
     answer; the int4 draft model drafts for bfloat16. Drafts are kept, and every token is the reference's."""
-    ours = importlib.import_module("stages.06_speculative.workloads")
+    ours = importlib.import_module("stages.speculative.workloads")
     ref = ReferenceLLM(DEFAULT_MODEL, dtype="bfloat16")
     tok, text = ref.tokenizer, ours.TEXTS[0]
     prompts = [ours.request(tok, ours.EDITS[3], text), ours.request(tok, ours.EXTRACTS[0], ours.TEXTS[1]),

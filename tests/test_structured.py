@@ -23,10 +23,10 @@ from workloads import TINY_VOCAB
 
 xgr = pytest.importorskip("xgrammar")
 structured = importlib.import_module("stages.07_structured")
-backends = importlib.import_module("stages.07_structured.backends")
-fsm = importlib.import_module("stages.07_structured.fsm")
-unsupported_keywords = importlib.import_module("stages.07_structured.schema_check").unsupported_keywords
-suite = importlib.import_module("stages.07_structured.suite")
+backends = importlib.import_module("stages.structured.backends")
+fsm = importlib.import_module("stages.structured.fsm")
+unsupported_keywords = importlib.import_module("stages.structured.schema_check").unsupported_keywords
+suite = importlib.import_module("stages.structured.suite")
 kernels, streaming = importlib.import_module("stages.04_kernels"), importlib.import_module("stages.05_streaming")
 
 EOS = (2,)
@@ -224,7 +224,7 @@ def test_what_cannot_be_enforced_is_refused_with_the_reason(so, why):
 def test_every_keyword_the_check_lets_through_is_enforced_by_xgrammar(grammars, schema, bad):
     """schema_check.ENFORCED is a claim about xgrammar: for each keyword, a value that breaks it is refused."""
     keys = {k for k in schema if k not in ("type", "items", "properties", "$defs")} or {"type"}
-    assert keys <= importlib.import_module("stages.07_structured.schema_check").ENFORCED
+    assert keys <= importlib.import_module("stages.structured.schema_check").ENFORCED
     matcher = grammars.compile(StructuredOutputsParams(json=schema), "xgrammar").matcher().m
     assert not (matcher.accept_string(bad) and matcher.is_completed())
 
@@ -280,7 +280,7 @@ def test_a_request_no_token_can_continue_fails_alone_and_the_others_finish():
     assert out_bad.finish_reason == "error" and "no token is allowed at output token" in out_bad.error
     assert "min_tokens" in out_bad.error and out_bad.text == "ok"
     assert out_good.finish_reason == "stop" and suite.check(out_good.text, {"regex": r"[a-z]{3,8}"}) is None
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks and audit is not None
 
 
@@ -316,7 +316,7 @@ def test_structured_outputs_params_take_one_constraint():
 def test_the_mask_on_a_row_bans_exactly_the_tokens_whose_bit_is_zero(vocab):
     """apply_bitmask (a table of biases added on the CPU) against its spelled-out form and each bit read alone."""
     import torch
-    constraint = importlib.import_module("stages.07_structured.constraint")
+    constraint = importlib.import_module("stages.structured.constraint")
     rng = np.random.default_rng(vocab)
     words = rng.integers(-2**31, 2**31, size=(vocab + 31) // 32, dtype=np.int64).astype(np.int32)
     row = torch.randn(vocab)

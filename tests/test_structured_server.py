@@ -12,7 +12,7 @@ from workloads import Server
 openai = pytest.importorskip("openai")
 pytest.importorskip("xgrammar")
 structured = importlib.import_module("stages.07_structured")
-suite = importlib.import_module("stages.07_structured.suite")
+suite = importlib.import_module("stages.structured.suite")
 
 CHOICE = {"choice": ["red", "green", "blue"]}
 MSG = [{"role": "user", "content": "Pick a color."}]
@@ -107,7 +107,7 @@ def test_bad_input_gets_a_400_naming_the_field_and_nothing_else_breaks(server, r
             "model": "tiny", "messages": MSG, "max_tokens": 16, "temperature": 0, "structured_outputs": CHOICE})
         assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == \
             expected(reference, CHOICE, max_tokens=16, temperature=0).text
-    bm = server.llm.engine.block_manager
+    bm = server.llm.engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks
 
 

@@ -33,7 +33,8 @@ class Counters:
         self.used.append(None if blocks is None else blocks.num_used)
         self.tables.append(None if blocks is None else {k: list(t) for k, t in blocks.tables.items()})
         if blocks is not None:
-            self.engine.block_manager.audit(self.engine.scheduler.running)  # stages.paged_kv.BlockAudit's check
+            s = self.engine.scheduler
+            s.block_manager.audit(s.running)  # stages.paged_kv.BlockAudit's check
 
 
 def record(llm, prompts, params, tmp_path):

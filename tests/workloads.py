@@ -77,7 +77,7 @@ class Server:
 
     def __init__(self, llm, model_name, wrap=None, **app_options):
         import uvicorn
-        create_app = importlib.import_module("stages.05_streaming.server.app").create_app
+        create_app = importlib.import_module("stages.streaming.server.app").create_app
         self.llm = llm
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -112,15 +112,15 @@ def checked_steps():
     request with the same start hits it while the first still runs. Stage 05 plans in its engine thread, so
     violations are collected, not raised: the test asserts the list is empty."""
     scheduler_class = importlib.import_module("stages.03_paged_kv").Scheduler
-    preemption = importlib.import_module("stages.03_paged_kv.preemption")
-    plan, preempt, violations = scheduler_class.schedule, preemption.preempt, []
+    preemption = importlib.import_module("stages.paged_kv.preemption")
+    plan, preempt, violations = scheduler_class.plan, preemption.preempt, []
     seen = threading.local()  # the sequences preempted by the step planning on this thread
 
     def record_preempt(seq, waiting, block_manager):
         getattr(seen, "preempted", []).append(seq)
         return preempt(seq, waiting, block_manager)
 
-    def schedule(self):
+    def checked_plan(self):
         bm, pc = self.block_manager, self.prefix_cache
         bs = bm.block_size
         committed = pc is None or all(bm.table(s)[i] in pc.of_block
@@ -147,8 +147,8 @@ def checked_steps():
                           for name, ok in checks.items() if not ok)
         return seqs, lens
 
-    scheduler_class.schedule, preemption.preempt = schedule, record_preempt
+    scheduler_class.plan, preemption.preempt = checked_plan, record_preempt
     try:
         yield violations
     finally:
-        scheduler_class.schedule, preemption.preempt = plan, preempt
+        scheduler_class.plan, preemption.preempt = plan, preempt

@@ -6,8 +6,8 @@ from rich.console import Console
 
 from stages.cli import parser, run
 
-from .ablation import ablate, print_ablation
-from .capacity import print_capacity
+from stages.paged_kv.ablation import ablate, print_ablation
+from stages.paged_kv.capacity import print_capacity
 
 if __name__ == "__main__":
     ap = parser(__doc__)

@@ -42,7 +42,7 @@ def ablate(args: argparse.Namespace, console: Console | None = None) -> tuple[di
         rows[name] = {
             "requests done": len(ok), "steps": st.steps, "peak in flight": st.peak_running,
             "peak KV blocks used": max(st.block_timeline, default=0),
-            "KV blocks": llm.engine.block_manager.num_blocks,
+            "KV blocks": llm.engine.scheduler.block_manager.num_blocks,
             "tokens computed": st.prefill_tokens + st.decode_tokens, "output tokens": st.output_tokens,
             "prefix hit rate": st.prefix_hit_rate, "preemptions": st.preemptions,
             "TTFT p50 s": percentile(ttft, 50), "TTFT p99 s": percentile(ttft, 99),

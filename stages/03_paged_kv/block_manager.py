@@ -34,6 +34,9 @@ class AuditError(AssertionError):
 
 
 class BlockManager:
+    """The pool's accounting. Of a sequence it writes one field, ``num_cached_tokens``, kept equal to the positions
+    its blocks hold for it when it takes, frees or gives back blocks."""
+
     def __init__(self, num_blocks: int, block_size: int, prefix_cache: PrefixCache | None = None):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -163,7 +166,6 @@ class BlockManager:
                 self.free[block_id] = None
         # lab 03.3 end
         seq.num_cached_tokens = 0
-        seq.spec_token_ids = []  # a preempted request recomputes before it drafts again
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Keep ``seq``'s first ``num_tokens`` slots and give back the rest: a rejected draft's slots (stage 06).

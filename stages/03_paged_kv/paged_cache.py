@@ -48,6 +48,15 @@ class PagedKVCache:
             self.k[:, dst] = self.k[:, src]
             self.v[:, dst] = self.v[:, src]
 
+    @property
+    def bytes_per_token(self) -> int:
+        return self.config.kv_bytes_per_token(self.k.element_size())
+
+    def prepare_step(self, batch) -> None:
+        """The step's addressing (a `ScheduledBatch`): copy-on-write copies first, then the block tables."""
+        self.copy_blocks(batch.copies)  # before this step's writes
+        self.prepare(batch.seqs, batch.lens, batch.tables)
+
     def prepare(self, seqs: list[Sequence], query_lens: list[int], tables: list[list[int]]) -> None:
         """Describe the next step: seq s writes query_lens[s] tokens after its cached ones, into the blocks of
         its block table ``tables[s]``."""

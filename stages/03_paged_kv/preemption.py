@@ -39,3 +39,4 @@ def preempt(seq: Sequence, waiting: deque[Sequence], block_manager: BlockManager
     seq.status = SequenceStatus.WAITING
     waiting.appendleft(seq)
     # lab 03.5 end
+    seq.spec_token_ids = []  # it recomputes before it drafts again

@@ -14,12 +14,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from common.engine import SeqOutput, advance
+from common.engine import BlockState, EngineState, ScheduledBatch, SeqOutput, advance
+from common.engine_config import SchedulerConfig
 from common.sequence import Sequence, SequenceStatus
+from common.validate import InvalidParam
 
 from .block_manager import BlockManager
 from .preemption import make_room
-from .prefix_cache import PrefixCache
 
 
 @dataclass
@@ -33,22 +34,43 @@ class Admission:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefix_cache: PrefixCache | None = None, chunked_prefill: bool = True, preemption: bool = True,
-                 max_model_len: int | None = None):
-        self.block_manager, self.prefix_cache = block_manager, prefix_cache
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.chunked_prefill, self.preemption, self.max_model_len = chunked_prefill, preemption, max_model_len
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.block_manager, self.prefix_cache = block_manager, block_manager.prefix_cache
+        self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
+        self.chunked_prefill, self.preemption = config.enable_chunked_prefill, config.enable_preemption
+        self.max_model_len = config.max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
         self.preempted: list[Sequence] = []  # in the last step
         self.admitted: list[Sequence] = []  # in the last step
         self.prefix_hits: dict[int, int] = {}  # in the last step: seq_id -> prompt tokens found in the prefix cache
         self.held_tokens = 0  # KV positions holding tokens at the end of the last step
+        self.num_in_step = 0  # sequences in flight during the last step, the ones it finished included
 
     @property
     def num_preempted(self) -> int:
         return len(self.preempted)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_manager.num_blocks * self.block_manager.block_size
+
+    def check(self, seq: Sequence) -> None:
+        """A request the pool can never hold fails at submission, with what to change."""
+        bm, n, cap = self.block_manager, seq.num_prompt_tokens, self.kv_capacity_tokens
+        if n > cap:
+            raise InvalidParam("prompt", f"the prompt has {n} tokens but the whole KV pool holds {cap} "
+                               f"({bm.num_blocks} blocks of {bm.block_size}): shorten the prompt or raise "
+                               f"kv_cache_memory")
+        need = self.longest(seq)
+        if need > cap:
+            raise InvalidParam("max_tokens", f"the prompt ({n} tokens) plus max_tokens ({seq.params.max_tokens}) can "
+                               f"need {need} tokens of KV but the whole pool holds {cap}: lower max_tokens to at most "
+                               f"{cap - n} or raise kv_cache_memory")
+        if not self.chunked_prefill and n > self.max_num_batched_tokens:
+            raise InvalidParam("prompt", f"the prompt has {n} tokens but without chunked prefill a step holds at most "
+                               f"max_num_batched_tokens={self.max_num_batched_tokens}: raise it or enable chunked "
+                               f"prefill")
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -56,7 +78,19 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> tuple[list[Sequence], list[int]]:
+    def schedule(self) -> ScheduledBatch:
+        """This step's sequences, how many tokens each feeds and their block tables; their blocks are allocated."""
+        pc = self.prefix_cache
+        queried = pc.queried_tokens if pc else 0
+        seqs, lens = self.plan()
+        self.num_in_step = len(self.running)
+        bm = self.block_manager
+        return ScheduledBatch(seqs, lens, [s.num_cached_tokens for s in seqs], tables=[bm.table(s) for s in seqs],
+                              copies=bm.take_copies(), admitted=[s.seq_id for s in self.admitted],
+                              preempted=[s.seq_id for s in self.preempted], prefix_hits=dict(self.prefix_hits),
+                              prefix_query_tokens=pc.queried_tokens - queried if pc else 0)
+
+    def plan(self) -> tuple[list[Sequence], list[int]]:
         """Pick this step's sequences and how many tokens each feeds; their blocks are allocated."""
         seqs, lens = [], []
         self.preempted, self.admitted, self.prefix_hits = [], [], {}
@@ -143,10 +177,10 @@ class Scheduler:
         most = seq.num_prompt_tokens + seq.params.max_tokens
         return min(most, self.max_model_len) if self.max_model_len else most
 
-    def postprocess(self, seqs: list[Sequence], lens: list[int], outputs: list[SeqOutput]) -> None:
+    def postprocess(self, batch: ScheduledBatch, outputs: list[SeqOutput]) -> None:
         """After a step: record what it computed and sampled, share what was filled, release what finished."""
-        bm = self.block_manager
-        for seq, n, out in zip(seqs, lens, outputs):
+        bm, seqs = self.block_manager, batch.seqs
+        for seq, n, out in zip(seqs, batch.lens, outputs):
             advance(seq, n, out)
             if out.drafted > out.accepted:  # the slots of draft tokens not kept go back (speculative decoding)
                 bm.truncate(seq, seq.num_cached_tokens)
@@ -161,8 +195,27 @@ class Scheduler:
                 bm.free_sequence(seq)
                 self.running.remove(seq)
 
-    def release_all(self) -> None:
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request wherever it is (a client gave up); its blocks go back to the pool."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.running.remove(seq)
+            self.block_manager.free_sequence(seq)
+        if not seq.is_finished:
+            seq.finish("abort")
+
+    def release(self) -> None:
         for seq in self.running:
             self.block_manager.free_sequence(seq)
         self.running.clear()
         self.waiting.clear()
+
+    def state(self, cache) -> EngineState:
+        """The pool after the step: blocks held (cached ones among the free), and KV holding tokens."""
+        bm, pc, per_token = self.block_manager, self.prefix_cache, cache.bytes_per_token
+        cached = [b for b in pc.of_block if bm.blocks[b].ref_count == 0] if pc else []
+        blocks = BlockState(bm.num_blocks, bm.block_size, bm.num_free_blocks,
+                            {seq_id: list(t) for seq_id, t in bm.tables.items()}, cached)
+        return EngineState(self.max_num_seqs, self.num_in_step, len(self.running), len(self.waiting),
+                           bm.num_used_blocks * bm.block_size * per_token, self.held_tokens * per_token, blocks)

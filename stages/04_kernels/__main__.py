@@ -9,7 +9,7 @@ from rich.console import Console
 from stages.cli import parser, run
 from common.loader import resolve_device
 
-from .model import describe_path
+from stages.kernels.model import describe_path
 
 if __name__ == "__main__":
     ap = parser(__doc__)
@@ -27,12 +27,12 @@ if __name__ == "__main__":
         sys.argv = [sys.argv[0], "--max-num-seqs", str(args.max_num_seqs)]
         runpy.run_module("stages.bench.fusion_report", run_name="__main__")
     if args.kernels:
-        from .kernel_bench import main as kernel_bench
+        from stages.kernels.kernel_bench import main as kernel_bench
         from common.loader import parse_dtype
         device = resolve_device(args.device).type
         kernel_bench(device, parse_dtype(args.dtype))
         if device == "cpu":
-            from .linear_bench import main as linear_bench
+            from stages.kernels.linear_bench import main as linear_bench
             linear_bench()
         sys.exit(0)
     Console().print(f"[bold]stage 04 path:[/] {describe_path(resolve_device(args.device))}")

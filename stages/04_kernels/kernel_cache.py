@@ -15,16 +15,19 @@ import torch
 
 from common.numerics.attention import attention
 from common.sequence import Sequence
-from stages import paged_kv as paged
+from stages.paged_kv import PagedKVCache  # stage 03: paged_cache.py
 
 from .model import kernels_available
 
 
-class KernelPagedCache(paged.PagedKVCache):
-    def __init__(self, *args, **kwargs):
+class KernelPagedCache(PagedKVCache):
+    """Stage 03's `PagedKVCache` (stages/03_paged_kv/paged_cache.py) with the KV write as a Triton kernel."""
+
+    def __init__(self, *args, fused_attention: bool = False, **kwargs):
+        """fused_attention: decoding sequences attend in the Triton kernel, when the kernels run."""
         super().__init__(*args, **kwargs)
         self.use_kernels, _ = kernels_available(self.k.device)
-        self.fused_attention = False  # set by stage 04's LLM(..., fused_attention=True) when kernels run
+        self.fused_attention = fused_attention and self.use_kernels
         if self.use_kernels:
             from . import elementwise, paged_attention
             self.elementwise, self.paged_attention = elementwise, paged_attention

@@ -12,9 +12,9 @@ from rich.console import Console
 from common.validate import InvalidParam
 from stages.xray import cli as xray
 
-from .engine import LLM
-from .options import add_engine_arguments
-from .server.guards import DEFAULT_MAX_BODY_BYTES
+from stages.streaming.engine import LLM
+from stages.streaming.options import add_engine_arguments
+from stages.streaming.server.guards import DEFAULT_MAX_BODY_BYTES
 
 
 def port_arg(text: str) -> int:
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> None:
     console = Console()
     args.dtype = args.dtype or ("float32" if args.command == "demo" else "bfloat16")
     if args.command == "cluster":
-        from .cluster.deploy import run_cluster
+        from stages.streaming.cluster.deploy import run_cluster
         return run_cluster(args, console)
     args.max_num_seqs = args.max_num_seqs or 16
     llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
@@ -81,13 +81,13 @@ def run(args: argparse.Namespace) -> None:
         llm.add_observer(recorder)
     try:
         if args.command == "serve":
-            from .server.shutdown import serve
+            from stages.streaming.server.shutdown import serve
             origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
             serve(llm, args.host, args.port, args.served_model_name or args.model,
                   shutdown_timeout=args.shutdown_timeout, api_key=args.api_key, docs=args.docs,
                   allowed_origins=origins, max_body_bytes=args.max_body_bytes, xray=not args.no_xray)
         else:
-            from .demo import run_demo
+            from stages.streaming.demo import run_demo
             run_demo(llm, args.max_tokens, console)
     finally:
         llm.shutdown()

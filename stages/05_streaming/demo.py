@@ -34,7 +34,7 @@ def run_demo(llm: LLM, max_tokens: int = 96, console: Console | None = None) -> 
 
     with Live(view(), console=console, refresh_per_second=15, transient=False) as live:
         while not all(done):
-            llm.run_step()  # one engine step, on this thread: every stream that ran gets its new text
+            llm.loop.run_step()  # one engine step, on this thread: every stream that ran gets its new text
             for i, stream in enumerate(streams):
                 while not done[i]:
                     try:

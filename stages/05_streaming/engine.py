@@ -1,22 +1,25 @@
 """Stage 05: tokens reach the caller as soon as they exist.
 
-Stage 04's engine steps (schedule -> run -> postprocess) in a loop that never ends while requests keep
-arriving (`EngineLoop`, loop.py): requests join through its inbox between steps, and after each step every
-sequence that ran publishes its new tokens and newly stable text to its `RequestStream` (streams.py). The
+Stage 04's engine, unchanged (``build``), steps (schedule -> run -> postprocess) in a loop that never ends while
+requests keep arriving (`EngineLoop`, loop.py): requests join through its inbox between steps, and after each step
+every sequence that ran publishes its new tokens and newly stable text to its `RequestStream` (streams.py). The
 `LLM` here is the front end every stage shares with that loop beside it, and a server's latency metrics and
-gauges as observers of every step.
+gauges as observers of every step. The loop knows the engine, not this front end: it is handed the engine, the
+front end's step (which the observers see) and the two observers it reports aborts to.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 
+from common.engine import LLMEngine
+from common.engine_config import EngineConfig
 from common.llm import LLM as FrontEnd
 from common.paths import DEFAULT_MODEL
 from common.sampling import SamplingParams
 from common.sequence import Sequence
-from common.validate import InvalidParam, check_int
-from stages import kernels, paged_kv as paged
+from common.validate import InvalidParam
+from stages.kernels import build as kernels_build  # stage 04: engine.py
 
 from .loop import EngineLoop
 from .metrics import EngineMetrics, Gauges
@@ -26,33 +29,22 @@ _request_ids = itertools.count()
 __all__ = ["LLM", "QueueFull", "RequestStream", "StreamChunk"]
 
 
-class Scheduler(paged.Scheduler):
-    def abort(self, seq: Sequence) -> None:
-        """Drop a request wherever it is (a client gave up); its blocks go back to the pool."""
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        elif seq in self.running:
-            self.running.remove(seq)
-            self.block_manager.free_sequence(seq)
-        if not seq.is_finished:
-            seq.finish("abort")
-
-
-class LLMEngine(kernels.LLMEngine):
-    scheduler_class = Scheduler
+def build(config: EngineConfig, tokenizer=None) -> LLMEngine:
+    """Stage 04's engine as it is (stages/04_kernels/engine.py): this stage changes who steps it and who reads it."""
+    return kernels_build(config, tokenizer)
 
 
 class LLM(FrontEnd):
-    engine_class = LLMEngine
+    build = staticmethod(build)
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, max_waiting: int = 256, **kwargs):
-        check_int("max_waiting", max_waiting, 1)
-        super().__init__(model, **kwargs)
-        self.max_waiting = max_waiting
+    def __init__(self, model: str = DEFAULT_MODEL, **options):
+        """``max_waiting`` (an `EngineConfig` option): requests queued past which `add_request` raises QueueFull."""
+        super().__init__(model, **options)
+        self.max_waiting = self.engine_config.scheduler.max_waiting
         self.metrics = self.add_observer(EngineMetrics())  # a server's latency histograms, kept across runs
         self.engine_gauges = self.add_observer(Gauges(self.metrics))
         self.engine_gauges.update(self.engine.state())
-        self.loop = EngineLoop(self)
+        self.loop = EngineLoop(self.engine, self.step, self.metrics, self.engine_gauges)
 
     @property
     def execution_path(self) -> str:
@@ -113,26 +105,13 @@ class LLM(FrontEnd):
             for _ in self.loop.read(stream):  # drain: generate() returns whole outputs
                 pass
 
-    # ---- the loop, as a server and the tests drive it ----------------------------------------
-    def run_step(self) -> bool:
-        return self.loop.run_step()
-
+    # ---- the loop, as a server drives it ----------------------------------------------------
     def run_forever(self, stop, on_start=None) -> None:
+        """Step the engine on this thread until ``stop`` is set (`EngineLoop.run_forever`)."""
         self.loop.run_forever(stop, on_start)
-
-    def start_background_loop(self) -> None:
-        self.loop.start_background_loop()
-
-    def shutdown(self) -> None:
-        self.loop.shutdown()
 
     def is_alive(self) -> bool:
         return self.loop.is_alive()
 
-    @property
-    def looping(self) -> bool:
-        return self.loop.looping
-
-    @property
-    def loops_started(self) -> int:
-        return self.loop.loops_started
+    def shutdown(self) -> None:
+        self.loop.shutdown()

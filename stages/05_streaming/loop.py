@@ -22,8 +22,10 @@ from .streams import Outbox, RequestStream, StreamChunk, stable_text_len
 
 
 class EngineLoop:
-    def __init__(self, llm):
-        self.llm = llm  # the front end: its engine, its step (which its observers see), its metrics and gauges
+    def __init__(self, engine, step, metrics, gauges):
+        """``engine``: what it steps and feeds; ``step``: the front end's step, which every observer sees;
+        ``metrics`` and ``gauges``: told of the requests it ends without a step (aborted, failed)."""
+        self.engine, self.step, self.metrics, self.gauges = engine, step, metrics, gauges
         self.inbox: queue.Queue = queue.Queue()  # ("add", stream) and ("abort", request id), applied between steps
         self.streams: dict[str, RequestStream] = {}  # by request id
         self.by_seq: dict[int, RequestStream] = {}  # by seq_id
@@ -78,9 +80,9 @@ class EngineLoop:
         with self.outbox.holding():
             try:
                 self.apply_inbox()
-                if not self.llm.engine.has_work():
+                if not self.engine.has_work():
                     return False
-                event = self.llm.step()
+                event = self.step()
             except Exception as e:  # noqa: BLE001 - fail the requests in flight, keep serving
                 traceback.print_exc()
                 self.fail_all(f"engine error: {type(e).__name__}: {e}")
@@ -100,14 +102,14 @@ class EngineLoop:
                 item.seq.metrics.arrival_time = min(item.seq.metrics.arrival_time, time.perf_counter())
                 self.streams[item.request_id] = item
                 self.by_seq[item.seq.seq_id] = item
-                self.llm.engine.add(item.seq)
+                self.engine.add(item.seq)
             elif (stream := self.streams.get(item)) is not None:
-                self.llm.engine.scheduler.abort(stream.seq)
-                self.llm.metrics.observe(stream.seq)
+                self.engine.abort(stream.seq)
+                self.metrics.observe(stream.seq)
                 self.publish(stream.seq)
                 aborted = True
         if aborted:  # no step may follow to refresh the gauges
-            self.llm.engine_gauges.update(self.llm.engine.state())
+            self.gauges.update(self.engine.state())
 
     def publish(self, seq) -> None:
         stream = self.by_seq.get(seq.seq_id)
@@ -124,12 +126,12 @@ class EngineLoop:
 
     def fail_all(self, message: str, reason: str = "error") -> None:
         for stream in list(self.streams.values()):
-            self.llm.engine.scheduler.abort(stream.seq)
+            self.engine.abort(stream.seq)
             stream.seq.finish_reason = reason
-            self.llm.metrics.observe(stream.seq)
+            self.metrics.observe(stream.seq)
             self.forget(stream)
             stream.put(StreamChunk("", [], reason, stream.seq.metrics, error=message))
-        self.llm.engine_gauges.update(self.llm.engine.state())
+        self.gauges.update(self.engine.state())
 
     def forget(self, stream: RequestStream) -> None:
         del self.streams[stream.request_id]

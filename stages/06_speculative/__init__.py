@@ -1,6 +1,8 @@
 """Stage 06: speculative decoding. Proposers guess, one pass verifies, every token stays the reference's."""
-from .config import SpeculativeConfig
-from .engine import LLM, LLMEngine
-from .scheduler import Scheduler
+import sys
 
-__all__ = ["LLM", "LLMEngine", "Scheduler", "SpeculativeConfig"]
+from stages import speculative
+
+# A name beginning with a digit cannot follow an import statement, so this folder's modules are loaded once, as
+# stages.speculative (stages/speculative.py, whose package path is this folder), and this name is that module.
+sys.modules[__name__] = speculative

@@ -7,7 +7,6 @@ the step time, and where speculation stops paying. The edit workload sends each 
 prediction (OpenAI's predicted outputs); the others draft with the configured method.
 serve: the OpenAI-compatible server of stage 05 over stage 06's engine; chat completions accept ``prediction``."""
 import argparse
-import importlib
 import json
 import os
 
@@ -18,8 +17,9 @@ from common.validate import InvalidParam
 from stages.cli import device_arg
 from stages.xray import cli as xray
 
-from .config import COMPARE_DEFAULT, STAGE_DEFAULT, SpeculativeConfig
-from .workloads import WORKLOADS
+from common.speculative_config import SpeculativeConfig
+from stages.speculative.defaults import COMPARE_DEFAULT, STAGE_DEFAULT
+from stages.speculative.workloads import WORKLOADS
 
 
 def int_list(text: str) -> list[int]:
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> None:
     if not console.is_terminal:  # a log or a pipe: the comparison table is wider than rich's 80 columns
         console = Console(width=150)
     if args.command == "serve":
-        from .engine import LLM
-        serve = importlib.import_module("stages.05_streaming.server.shutdown").serve
+        from stages.speculative.engine import LLM
+        from stages.streaming.server.shutdown import serve  # stage 05's server
         llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
                   max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
                   speculative_config=args.speculative_config)
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> None:
         finally:
             llm.shutdown()
         return
-    from .measure import measure, report
+    from stages.speculative.measure import measure, report
     recorder = xray.recorder(args, {"model": args.model, "speculative_config": str(args.speculative_config)})
     report(measure(args, console, recorder), args, console)
     if recorder is not None:

@@ -19,31 +19,27 @@ import torch
 
 from common.model import Llama
 from common.sequence import Sequence
-from stages import paged_kv as paged
+from stages.paged_kv import BlockManager, PagedKVCache  # stage 03: block_manager.py, paged_cache.py
+
+from .proposers import Proposer
 
 
 class DraftState:
-    """What the draft model holds for one request: the tokens its KV cache holds, in order (the block manager
-    reads ``seq_id`` and ``num_cached_tokens``)."""
+    """What the draft model holds for one request: the tokens its KV cache holds, in order. The block manager reads
+    ``seq_id`` and ``num_cached_tokens`` and keeps the count in step with its blocks; `DraftModelProposer` keeps
+    ``fed`` in step with the count."""
 
     def __init__(self, seq_id: int):
-        self.seq_id, self.fed, self.spec_token_ids = seq_id, [], []
-
-    @property
-    def num_cached_tokens(self) -> int:
-        return len(self.fed)
-
-    @num_cached_tokens.setter
-    def num_cached_tokens(self, n: int) -> None:
-        del self.fed[n:]
+        self.seq_id, self.fed, self.num_cached_tokens = seq_id, [], 0
 
 
-class DraftModelProposer:
-    def __init__(self, model: Llama, cache_class: type, num_blocks: int, block_size: int, max_catch_up: int):
+class DraftModelProposer(Proposer):
+    def __init__(self, model: Llama, cache: PagedKVCache, block_manager: BlockManager, max_catch_up: int, k: int,
+                 disable_by_batch_size: int | None = None):
+        """``cache`` and ``block_manager``: the draft model's own pool, of the engine's kind and size."""
+        super().__init__(k, disable_by_batch_size)
         self.model, self.max_catch_up = model, max_catch_up  # prompt tokens it catches up on per step, at most
-        self.block_manager = paged.BlockManager(num_blocks, block_size)
-        self.cache = cache_class(model.config, num_blocks, block_size, model.dtype, model.device,
-                                 model.batch_invariant)
+        self.block_manager, self.cache = block_manager, cache
         self.states: dict[int, tuple[Sequence, DraftState]] = {}
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
@@ -72,6 +68,7 @@ class DraftModelProposer:
             state, tokens = self.state(seq), seq.token_ids
             same = next((i for i, (a, b) in enumerate(zip(state.fed, tokens)) if a != b), len(state.fed))
             self.block_manager.truncate(state, min(same, len(tokens) - 1))  # its last token is always fed
+            del state.fed[state.num_cached_tokens:]
             rest = tokens[state.num_cached_tokens:]
             n = min(len(rest), budget)
             if n == 0 or not self.room(state, n):
@@ -95,6 +92,7 @@ class DraftModelProposer:
         last = torch.tensor([len(f) for f in feeds], device=dev).cumsum(0) - 1
         for state, f in zip(states, feeds):
             state.fed.extend(f)
+            state.num_cached_tokens = len(state.fed)
         return self.model.compute_logits(hidden[last]).argmax(-1).tolist()
 
     def state(self, seq: Sequence) -> DraftState:

@@ -2,74 +2,88 @@
 
 Decoding one request reads every weight once per token, so a pass over k + 1 tokens of one request costs about
 what a pass over one does. Stage 05's engine with one idea added: before each step a proposer guesses up to k next
-tokens of each decoding request (`Scheduler.propose_drafts`); the step feeds them after the request's own token;
-the runner samples every position and keeps the guesses up to the first that differs from what it sampled there,
-plus that one token (``ModelRunner.sample_run``: exact-match verification, so the kept tokens are exactly those
-one-at-a-time decoding gives, greedy or seeded); the KV slots of the rest go back (`BlockManager.truncate`).
+tokens of each decoding request (`SpeculativeScheduler.propose_drafts`); the step feeds them after the request's
+own token; the runner samples every position and keeps the guesses up to the first that differs from what it
+sampled there, plus that one token (``ModelRunner.sample_run``: exact-match verification, so the kept tokens are
+exactly those one-at-a-time decoding gives, greedy or seeded); the KV slots of the rest go back
+(`BlockManager.truncate`).
 """
 from __future__ import annotations
 
-from common.loader import load_model
-from common.paths import DEFAULT_MODEL
-from common.prepare import resolve_model
-from stages import streaming
+from types import MappingProxyType
 
-from .config import STAGE_DEFAULT, SpeculativeConfig
+from common.engine import LLMEngine
+from common.engine_config import EngineConfig
+from common.model import Llama
+from common.prepare import resolve_model
+from common.runner import ModelRunner
+from common.tokenizer import Tokenizer
+from stages.kernels import KernelLlama, KernelPagedCache  # stage 04: model.py, kernel_cache.py
+from stages.paged_kv import BlockManager, kv_blocks  # stage 03: block_manager.py, engine.py
+from stages.streaming import LLM as StreamingLLM  # stage 05: engine.py
+
+from .defaults import STAGE_DEFAULT
 from .draft_model import DraftModelProposer
-from .proposers import NgramProposer, PredictionProposer
-from .scheduler import Scheduler
+from .proposers import NgramProposer, PredictionProposer, Proposer
+from .scheduler import SpeculativeScheduler
 from .spec_stats import SpecStats
 
 
-class LLMEngine(streaming.engine.LLMEngine):
-    scheduler_class = Scheduler
-
-    def release(self) -> None:
-        """Drop every request, and what the proposers hold for them (the draft model's KV blocks)."""
-        super().release()
-        for proposer in (self.scheduler.proposer, self.scheduler.predictions):
-            if proposer is not None:
-                proposer.release()
+def paged_cache(model: Llama, blocks: BlockManager, fused_attention: bool = False) -> KernelPagedCache:
+    return KernelPagedCache(model.config, blocks.num_blocks, blocks.block_size, model.dtype, model.device,
+                            model.batch_invariant, fused_attention=fused_attention)  # stage 04
 
 
-class LLM(streaming.LLM):
-    engine_class = LLMEngine
-    # What the shared command line and the ladder run stage 06 with (stages/cli.py's make_llm): prompt lookup.
-    default_speculative_config = STAGE_DEFAULT
-
-    def __init__(self, model: str = DEFAULT_MODEL, *, speculative_config: dict | str | None = None, **kwargs):
-        self.speculative_config = SpeculativeConfig.parse(speculative_config)  # before the model loads
-        super().__init__(model, **kwargs)
-        config, scheduler = self.speculative_config, self.engine.scheduler
-        if config is not None:
-            config.check_budget(self.engine.max_num_batched_tokens)
-            scheduler.num_speculative_tokens = config.num_speculative_tokens
-            scheduler.disable_by_batch_size = config.disable_by_batch_size
-            scheduler.proposer = self.make_proposer(config)
-            scheduler.predictions = PredictionProposer(self.tokenizer)
-        self.spec_stats = self.add_observer(SpecStats(scheduler))
-
-    def make_proposer(self, config: SpeculativeConfig):
-        if config.method == "ngram":
-            return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-        engine = self.engine
-        dtype = "bfloat16" if config.quantization else self.dtype  # quantized weights compute in bfloat16
-        draft = load_model(resolve_model(config.model) if config.model else self.folder, dtype, self.device,
-                           engine.model_class, self.batch_invariant, config.quantization)
-        if draft.config.vocab_size != self.config.vocab_size:
+def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: Llama,
+                          blocks: BlockManager) -> list[Proposer]:
+    """What ``speculative_config`` drafts with, in priority order: a request's predicted output, then the method's
+    proposer (n-gram lookup, or a draft model with a pool of its own, of the engine's size). None when it is off."""
+    spec = config.speculative
+    if spec is None:
+        return []
+    k, off = spec.num_speculative_tokens, spec.disable_by_batch_size
+    if spec.method == "ngram":
+        method = NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max, off)
+    else:
+        folder = str(resolve_model(spec.model)) if spec.model else config.model.folder
+        dtype = "bfloat16" if spec.quantization else config.model.dtype  # quantized weights compute in bfloat16
+        draft = config.model.load(KernelLlama, folder=folder, dtype=dtype, quantization=spec.quantization)
+        if draft.config.vocab_size != model.config.vocab_size:
             raise ValueError(f"speculative_config.model has a vocabulary of {draft.config.vocab_size} tokens, the "
-                             f"model {self.config.vocab_size}: a draft model must share the tokenizer")
-        return DraftModelProposer(draft, engine.cache_class, engine.block_manager.num_blocks, engine.block_size,
-                                  engine.max_num_batched_tokens)
+                             f"model {model.config.vocab_size}: a draft model must share the tokenizer")
+        own = BlockManager(blocks.num_blocks, blocks.block_size)  # stage 03's, for the draft's own KV
+        method = DraftModelProposer(draft, paged_cache(draft, own), own, config.scheduler.max_num_batched_tokens, k,
+                                    off)
+    return [PredictionProposer(tokenizer, k, off), method]
+
+
+def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
+    """Stage 04's engine (stage 03's paging, stage 04's kernels) with this stage's scheduler and proposers."""
+    model = config.model.load(KernelLlama)  # stage 04
+    blocks = kv_blocks(config, model)  # stage 03: the block pool and its prefix cache
+    proposers = speculative_proposers(config, tokenizer, model, blocks)  # proposers.py, draft_model.py
+    scheduler = SpeculativeScheduler(config.scheduler, blocks, proposers)  # scheduler.py: stage 03's, and drafts
+    return LLMEngine(model, scheduler, paged_cache(model, blocks, config.cache.fused_attention), ModelRunner(model))
+
+
+class LLM(StreamingLLM):
+    """Stage 05's front end over this stage's engine, with what speculation did counted (``spec_stats``)."""
+    build = staticmethod(build)
+    # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm): prompt lookup.
+    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spec_stats = self.add_observer(SpecStats())
 
     def describe(self) -> str:
         """The line the stage prints first: what runs, and on which path (the figures depend on it)."""
-        spec = self.speculative_config.describe() if self.speculative_config else "off"
+        spec = self.engine_config.speculative
         weights = f" ({self.quantization} weights)" if self.quantization else ""
-        proposer = self.engine.scheduler.proposer
-        draft = f"; the draft's {proposer.model.row_tile_note}" if isinstance(proposer, DraftModelProposer) else ""
-        return (f"stage 06 on {self.execution_path}, {self.dtype}{weights}; speculation: {spec}; "
-                f"{self.model.row_tile_note}{draft}")
+        draft = next((p for p in self.engine.scheduler.proposers if isinstance(p, DraftModelProposer)), None)
+        note = f"; the draft's {draft.model.row_tile_note}" if draft is not None else ""
+        return (f"stage 06 on {self.execution_path}, {self.dtype}{weights}; speculation: "
+                f"{spec.describe() if spec else 'off'}; {self.model.row_tile_note}{note}")
 
     def generate(self, *args, **kwargs):
         self.spec_stats.reset()

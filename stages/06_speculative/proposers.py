@@ -1,5 +1,10 @@
 """Proposers: where draft tokens come from when they cost (almost) nothing to make.
 
+A proposer is a `Proposer`: ``limit(seq, num_running)`` says whether a request is its to draft for (None: not its)
+and how many drafts it may give this step; ``propose(seqs, ks)`` guesses, one batched call a step;
+``release()`` drops what it keeps per request. A new way to draft (a suffix tree, an early-exit layer, a k that
+follows the acceptance rate) is one more proposer, handed to the scheduler in ``build``.
+
 * `NgramProposer`, vLLM's ``ngram`` method (prompt lookup decoding, Saxena 2023): the text so far often repeats
   itself (a summary quotes its source, an answer reuses the question's names, code repeats identifiers), so find
   the last few tokens earlier in the prompt and output and propose what followed them there.
@@ -33,20 +38,41 @@ def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]
     # lab 06.1 end
 
 
-class NgramProposer:
+class Proposer:
+    """Drafts up to ``k`` tokens for the requests it ``claims``, none while more than ``disable_by_batch_size``
+    requests run (vLLM's key: batching fills the step, and speculation stops paying)."""
+
+    def __init__(self, k: int, disable_by_batch_size: int | None = None):
+        self.k, self.disable_by_batch_size = k, disable_by_batch_size
+
+    def claims(self, seq: Sequence) -> bool:
+        return True
+
+    def limit(self, seq: Sequence, num_running: int) -> int | None:
+        """None when ``seq`` is not this proposer's to draft for; else the most drafts it gives it this step."""
+        if not self.claims(seq):
+            return None
+        return 0 if num_running > (self.disable_by_batch_size or num_running) else self.k
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        pass  # nothing kept between steps
+
+
+class NgramProposer(Proposer):
     """Drafts from the request's own prompt and output (``speculative_config`` method ``ngram``)."""
 
-    def __init__(self, min_n: int, max_n: int):
+    def __init__(self, k: int, min_n: int, max_n: int, disable_by_batch_size: int | None = None):
+        super().__init__(k, disable_by_batch_size)
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         return [ngram_lookup(seq.token_ids, self.min_n, self.max_n, k) for seq, k in zip(seqs, ks)]
 
-    def release(self) -> None:
-        pass  # it keeps nothing between steps
 
-
-class PredictionProposer:
+class PredictionProposer(Proposer):
     """Drafts from a request's predicted output: after the tokens that followed the prediction, its next ones.
 
     Where the output departs from the prediction (an edit), the draft stops; it resumes where the output's last
@@ -54,9 +80,13 @@ class PredictionProposer:
     when the output went back, the first anywhere. The prediction's tokens and where the output stands in it are
     kept per sequence (each sample of n its own) and dropped when it finishes."""
 
-    def __init__(self, tokenizer, max_n: int = 8):
+    def __init__(self, tokenizer, k: int, disable_by_batch_size: int | None = None, max_n: int = 8):
+        super().__init__(k, disable_by_batch_size)
         self.tokenizer, self.max_n = tokenizer, max_n
         self.state: dict[int, tuple[Sequence, list[int], int, int | None]] = {}  # seq_id -> (seq, ids, out, at)
+
+    def claims(self, seq: Sequence) -> bool:
+        return seq.params.prediction is not None
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         self.state = {i: s for i, s in self.state.items() if not s[0].is_finished}

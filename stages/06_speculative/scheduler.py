@@ -1,55 +1,63 @@
 """Scheduling drafts: before stage 03's schedule, each decoding request gets the draft tokens its step can take.
 
-A draft is fed whole in the step that verifies it (the runner's rule), after the request's own token, so each
-decoding request's drafts are capped before anything is allocated (`draft_caps`): by ``num_speculative_tokens``
-(`draft_limit`), by what the request can still produce (``max_tokens``, ``max_model_len``: a draft past its end is
-wasted), by the step's token budget left when its turn comes (running requests go oldest first, as stage 03
-schedules them), and by the KV blocks free without preempting anyone: a guess is never worth evicting another
-request. Then the proposers guess (`proposer_for` says whose turn it is), and stage 03's `Scheduler.schedule` runs
-unchanged. Stage 07 adds one proposer through those two hooks: the tokens a grammar forces.
+`SpeculativeScheduler` is stage 03's `Scheduler` (stages/03_paged_kv/scheduler.py) with one thing added, done
+before it plans the step. A draft is fed whole in the step that verifies it (the runner's rule), after the
+request's own token, so each decoding request's drafts are capped before anything is allocated (`draft_caps`): by
+what its proposer may give (`draft_limit`), by what the request can still produce (``max_tokens``,
+``max_model_len``: a draft past its end is wasted), by the step's token budget left when its turn comes (running
+requests go oldest first, as stage 03 schedules them), and by the KV blocks free without preempting anyone: a guess
+is never worth evicting another request. Then the proposers guess, and stage 03's plan runs unchanged.
+
+The proposers come in priority order, each a `Proposer` (proposers.py): the first whose ``limit`` is not None
+for a request is the one that drafts for it. Stage 07 adds one at the front: the tokens a grammar forces.
 """
 from __future__ import annotations
 
 import time
 
+from common.engine import ScheduledBatch
+from common.engine_config import SchedulerConfig
 from common.sequence import Sequence
-from stages import streaming
+from stages.paged_kv import BlockManager, Scheduler  # stage 03: block_manager.py, scheduler.py
+
+from .proposers import Proposer
 
 
-class Scheduler(streaming.engine.Scheduler):
-    proposer = None  # the method's proposer (set by the engine; None: speculation off)
-    predictions = None  # `PredictionProposer`, for requests that carry a predicted output
-    num_speculative_tokens = 0
-    disable_by_batch_size = None  # no drafts while more requests than this run
-    propose_seconds = 0.0  # time the last step spent proposing (the proposer's share of the step)
+class SpeculativeScheduler(Scheduler):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, proposers: list[Proposer]):
+        super().__init__(config, block_manager)
+        self.proposers = proposers  # in priority order; none: nothing is drafted (stage 05's engine)
 
-    def schedule(self) -> tuple[list[Sequence], list[int]]:
+    def schedule(self) -> ScheduledBatch:
         start = time.perf_counter()
         for seq in self.running:
             seq.spec_token_ids = []
         self.propose_drafts()
-        self.propose_seconds = time.perf_counter() - start
-        return super().schedule()
+        propose_seconds = time.perf_counter() - start
+        batch = super().schedule()
+        batch.propose_seconds = propose_seconds  # the proposers' share of the step, for its event
+        return batch
+
+    def proposer_for(self, seq: Sequence) -> tuple[Proposer | None, int]:
+        """Who guesses for ``seq`` this step, and the most drafts it may give (before the step's caps)."""
+        for proposer in self.proposers:
+            limit = proposer.limit(seq, len(self.running))
+            if limit is not None:
+                return proposer, limit
+        return None, 0
 
     def draft_limit(self, seq: Sequence) -> int:
-        """The most drafts ``seq`` may ask for this step, before the step's caps: ``num_speculative_tokens`` while
-        speculation is on and the batch is no larger than ``disable_by_batch_size``, else 0."""
-        if self.proposer is None or len(self.running) > (self.disable_by_batch_size or len(self.running)):
-            return 0
-        return self.num_speculative_tokens
-
-    def proposer_for(self, seq: Sequence):
-        """Who guesses for ``seq``: its predicted output if it has one, else the method's proposer."""
-        return self.predictions if seq.params.prediction is not None else self.proposer
+        """The most drafts ``seq`` may ask for this step, before the step's caps: its proposer's limit (0: none)."""
+        return self.proposer_for(seq)[1]
 
     def propose_drafts(self) -> None:
         """Every decoding request with room for drafts gets them from its proposer, one batched call per proposer;
         a proposer may give fewer than asked (or none)."""
         caps = self.draft_caps()
-        groups: dict[int, tuple[object, list[Sequence]]] = {}
+        groups: dict[int, tuple[Proposer, list[Sequence]]] = {}
         for seq in self.running:
             if caps.get(seq.seq_id, 0) > 0:
-                proposer = self.proposer_for(seq)
+                proposer = self.proposer_for(seq)[0]
                 groups.setdefault(id(proposer), (proposer, []))[1].append(seq)
         for proposer, seqs in groups.values():
             for seq, draft in zip(seqs, proposer.propose(seqs, [caps[s.seq_id] for s in seqs])):
@@ -75,3 +83,9 @@ class Scheduler(streaming.engine.Scheduler):
             budget -= own + k
         # lab 06.2 end
         return caps
+
+    def release(self) -> None:
+        """Drop every request, and what the proposers hold for them (the draft model's KV blocks)."""
+        super().release()
+        for proposer in self.proposers:
+            proposer.release()

@@ -2,7 +2,8 @@
 
 Acceptance per position (of the drafts verified at position i of a draft, the share kept: a draft is kept up to
 its first miss, so the rate falls with i), tokens per decoding step for each request (1.0 without speculation), and
-the proposer's share of the step time (the guesses must stay cheap next to the pass that checks them).
+the proposer's share of the step time (the guesses must stay cheap next to the pass that checks them), all read
+from the events alone.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from common.events import StepEvent
 
 @dataclass
 class SpecStats:
-    scheduler: object  # the stage's `Scheduler`: its ``propose_seconds`` for the step just run
     drafted_at: Counter = field(default_factory=Counter)  # draft position -> drafts verified there
     accepted_at: Counter = field(default_factory=Counter)  # draft position -> of them, kept
     decode_steps: Counter = field(default_factory=Counter)  # request label -> its decode and verify steps
@@ -28,7 +28,7 @@ class SpecStats:
         self.propose_seconds = self.step_seconds = 0.0
 
     def on_step(self, event: StepEvent) -> None:
-        self.propose_seconds += self.scheduler.propose_seconds
+        self.propose_seconds += event.propose_seconds
         self.step_seconds += event.duration
         for s in event.seqs:
             for i in range(s.drafted):

@@ -7,7 +7,6 @@ constraint at each --in-flight limit; serve: stage 05's OpenAI-compatible server
 from __future__ import annotations
 
 import argparse
-import importlib
 
 from rich.console import Console
 from rich.table import Table
@@ -17,10 +16,9 @@ from common.sampling import SamplingParams
 from common.validate import InvalidParam
 from stages.cli import device_arg
 from stages.xray import cli as xray
-
-from .bench import chat_ids, mask_cost, run_suite, summary, time_per_token
-from .engine import LLM
-from .suite import CASES
+from stages.structured.bench import chat_ids, mask_cost, run_suite, summary, time_per_token
+from stages.structured.engine import LLM
+from stages.structured.suite import CASES
 
 
 def main(argv=None) -> None:
@@ -41,29 +39,34 @@ def main(argv=None) -> None:
     xray.add_arguments(ap)  # demo: the schema suite's runs with forced tokens
     args = ap.parse_args(argv)
     try:
-        llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-                  kv_cache_memory=args.kv_memory, num_forced_tokens=args.num_forced_tokens)
+        llm = make_llm(args)
     except InvalidParam as e:
         raise SystemExit(f"error: {e}") from None
     if args.command == "serve":
-        shutdown = importlib.import_module("stages.05_streaming.server.shutdown")  # stage 05's server
+        from stages.streaming.server.shutdown import serve  # stage 05's server
         try:
-            shutdown.serve(llm, args.host, args.port, args.served_model_name or args.model, api_key=args.api_key)
+            serve(llm, args.host, args.port, args.served_model_name or args.model, api_key=args.api_key)
         finally:
             llm.shutdown()
         return
     recorder = xray.recorder(args, {"model": args.model, "workload": "schema suite"})
-    demo(llm, args, Console(), recorder)
+    demo(llm, make_llm(args, num_forced_tokens=0), args, Console(), recorder)
     if recorder is not None:
         xray.write_outputs(recorder, args)
 
 
-def demo(llm, args, console: Console, recorder=None) -> None:
+def make_llm(args, **changes) -> LLM:
+    """This stage's engine with the command line's options (``changes``: another in-flight limit, no forced tokens)."""
+    options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
+                   num_forced_tokens=args.num_forced_tokens)
+    return LLM(args.model, **{**options, **changes})
+
+
+def demo(llm, plain_llm, args, console: Console, recorder=None) -> None:
+    """``llm`` feeds forced tokens, ``plain_llm`` decodes one masked token a step: the same outputs, other steps."""
     console.print(f"[bold]stage 07[/] on {args.model}, {args.dtype}: the schema suite, {len(CASES)} requests")
     for compact in (False, True):
-        llm.engine.scheduler.max_forced = 0
-        plain = run_suite(llm, args.max_tokens, compact)
-        llm.engine.scheduler.max_forced = args.num_forced_tokens
+        plain = run_suite(plain_llm, args.max_tokens, compact)
         if recorder is not None:  # the X-ray (--xray/--trace): the suite with forced tokens, step by step
             llm.add_observer(recorder)
             recorder.begin_run("07 compact JSON" if compact else "07 JSON", {"requests": len(CASES)})
@@ -94,10 +97,10 @@ def demo(llm, args, console: Console, recorder=None) -> None:
             p50, p99, mean = summary(values)
             table.add_row(kind, str(len(values)), f"{p50:.0f}", f"{p99:.0f}", f"{mean:.0f}")
         console.print(table)
-    per_token(llm, args, console)
+    per_token(args, console)
 
 
-def per_token(llm, args, console: Console) -> None:
+def per_token(args, console: Console) -> None:
     """The JSON cases at each in-flight limit: unconstrained (the same number of tokens per request, EOS ignored),
     constrained one token a step, constrained with forced tokens."""
     json_cases = [c for c in CASES if "json" in c[2]]
@@ -106,21 +109,18 @@ def per_token(llm, args, console: Console) -> None:
                 "steps: plain / forced"):
         table.add_column(col, justify="right")
     for limit in [int(x) for x in args.in_flight.split(",")]:
+        plain_llm, llm = (make_llm(args, max_num_seqs=limit, num_forced_tokens=n) for n in (0, args.num_forced_tokens))
         cases = (json_cases * (limit // len(json_cases) + 1))[:max(limit, 4)]
         prompts = [chat_ids(llm, prompt) for _, prompt, _ in cases]
         constrained = [SamplingParams(temperature=0, max_tokens=args.max_tokens, structured_outputs=so)
                        for _, _, so in cases]
-        llm.engine.scheduler.max_num_seqs = limit
-        llm.engine.scheduler.max_forced = 0
-        lengths = [len(o.token_ids) for o in llm.generate(prompts, constrained)]  # also warms the grammar cache
-        masked, _, plain_steps = time_per_token(llm, prompts, constrained)
-        llm.engine.scheduler.max_forced = args.num_forced_tokens
+        lengths = [len(o.token_ids) for o in plain_llm.generate(prompts, constrained)]  # also warms the grammar cache
+        masked, _, plain_steps = time_per_token(plain_llm, prompts, constrained)
         forced, _, forced_steps = time_per_token(llm, prompts, constrained)
         free = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-        base, _, _ = time_per_token(llm, prompts, free)
+        base, _, _ = time_per_token(plain_llm, prompts, free)
         table.add_row(str(limit), f"{base:.1f}", f"{masked:.1f}", f"{masked / base - 1:+.1%}", f"{forced:.1f}",
                       f"{forced / base - 1:+.1%}", f"{plain_steps} / {forced_steps}")
-    llm.engine.scheduler.max_num_seqs = args.max_num_seqs
     console.print(table)
 
 

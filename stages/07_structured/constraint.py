@@ -6,8 +6,11 @@ request's own row, so the result never depends on the batch; it follows the kept
 rejected draft (``rollback``) and says when the structure is complete (``is_terminated``: an EOS was accepted where
 the grammar may end, which ends the request as EOS does).
 
-A mask is computed once per position: the forced-token proposer (forced.py) asks for the masks ahead before the
-step, and the runner's rows then find them here (``masks`` follows the path of tokens they were computed for).
+Its state has one driver, the request's `Sequence`: it accepts each kept token, and around a row of a step that
+assumes drafts kept it looks ahead along them and comes back (``Sequence.processed``). The one other reader,
+the forced-token proposer (forced.py), asks for the run the grammar forces (``forced_tokens``), which looks ahead
+and comes back inside this object. A mask is computed once per position: the masks the forced run passed through
+are kept for the runner's rows (``masks`` follows the path of tokens they were computed for).
 """
 from __future__ import annotations
 
@@ -116,6 +119,35 @@ class GrammarConstraint(LogitsProcessor):
 
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
+
+    def forced_tokens(self, k: int, encode=None) -> tuple[list[int], int, int]:
+        """At most ``k`` tokens the grammar forces from where the request stands, and how many of them were forced
+        (a mask of one token) and spelled (forced text written as ``encode``, the tokenizer's, writes it); the state
+        is as it was after. Forced text is proposed as the tokenizer spells it, kept where the model agrees."""
+        if self.error or self.is_terminated():
+            return [], 0, 0
+        run, forced, spelled = [], 0, 0
+        while len(run) < k and not self.is_terminated():
+            token = single_token(self.mask())
+            if token is not None:
+                run.append(token)
+                self.accept(token)  # look ahead; taken back below
+                forced += 1
+                continue
+            text = self.matcher.forced_text() if encode is not None and self.live == self.pos else ""
+            taken = 0
+            for token in encode(text)[:k - len(run)] if text else []:
+                if not self.mask()[token // 32] >> (token % 32) & 1:
+                    break
+                run.append(token)
+                self.accept(token)
+                taken += 1
+            spelled += taken
+            if not taken:
+                break
+        if run:
+            self.rollback(len(run))
+        return run, forced, spelled
 
     @property
     def error(self) -> str | None:

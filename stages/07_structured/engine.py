@@ -1,40 +1,59 @@
 """Stage 07: structured output. A grammar decides which tokens may come next.
 
-The previous stage's engine with one idea added: a request may carry a constraint (``SamplingParams(
-structured_outputs=...)``: a JSON schema, a regex, a choice, a grammar) and then gets a `GrammarConstraint` among its
-logits processors, which masks every token the grammar does not allow at that position (constraint.py). The
-engine itself changes in two small places: its runner reports log-probabilities of the masked distribution (vLLM's
-``processed_logprobs``), and its scheduler feeds the tokens a grammar forces as drafts, verified in one step by
-stage 06's exact match (forced.py). Everything else (batching, paging, kernels, streaming, speculation for the
-requests without a constraint) is the previous stage's.
+Stage 06's engine with one idea added: a request may carry a constraint (``SamplingParams(structured_outputs=...)``:
+a JSON schema, a regex, a choice, a grammar) and then gets a `GrammarConstraint` among its logits processors, which
+masks every token the grammar does not allow at that position (constraint.py). The engine changes in two named
+parts: its runner reports log-probabilities of the masked distribution (vLLM's ``processed_logprobs``), and its
+scheduler, stage 06's, gets one more proposer at the front: the tokens a grammar forces, fed as drafts and
+verified in one step by exact match (forced.py). Everything else (batching, paging, kernels, streaming,
+speculation for the requests without a constraint) is the earlier stages'.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
+from common.engine import LLMEngine
+from common.engine_config import EngineConfig
 from common.processors import LogitsProcessor
+from common.requests import Request
+from common.runner import ModelRunner
 from common.sampling import SamplingParams
-from common.sequence import Sequence
-from common.validate import InvalidParam, check_int
-from stages import speculative as previous
+from common.tokenizer import Tokenizer
+from common.validate import InvalidParam
+from stages.kernels import KernelLlama  # stage 04: model.py
+from stages.paged_kv import kv_blocks  # stage 03: engine.py
+from stages.speculative import STAGE_DEFAULT, SpeculativeScheduler, paged_cache, speculative_proposers  # stage 06
+from stages.streaming import LLM as StreamingLLM  # stage 05: engine.py
 
 from .backends import grammars_for
 from .constraint import GrammarConstraint, single_token
-from .forced import ForcedTokens, constraint_of
+from .forced import ForcedTokens
 
-__all__ = ["LLM", "LLMEngine", "StructuredOutputs"]
+__all__ = ["LLM", "StructuredOutputs", "build"]
+
+
+def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
+    """Stage 06's engine with the grammar's forced tokens as its first proposer, and masked log-probabilities."""
+    model = config.model.load(KernelLlama)  # stage 04
+    blocks = kv_blocks(config, model)  # stage 03
+    proposers = [ForcedTokens(config.structured_outputs.num_forced_tokens, tokenizer.encode),  # forced.py
+                 *speculative_proposers(config, tokenizer, model, blocks)]  # stage 06's, for the other requests
+    return LLMEngine(model, SpeculativeScheduler(config.scheduler, blocks, proposers),  # stage 06's scheduler
+                     paged_cache(model, blocks, config.cache.fused_attention),  # stage 04's cache
+                     ModelRunner(model, logprobs_mode="processed_logprobs"))  # the masked distribution
 
 
 class StructuredOutputs:
     """What any front end (`common.llm.LLM` subclass) needs to apply ``structured_outputs``: mixed in first, as this
     stage does and as the tests do for the reference and stages 03-06 (the same constraint, the same arithmetic)."""
-    structured_backend = "auto"  # "fsm" (the hand-written automaton) or "xgrammar" to force one
 
-    def constraint_processors(self, params: SamplingParams, seq: Sequence) -> list[LogitsProcessor]:
+    def constraint_processors(self, params: SamplingParams, request: Request) -> list[LogitsProcessor]:
         so = params.structured_outputs
         if so is None:
             return []
-        eos = tuple(sorted(seq.eos_token_ids))
+        eos = tuple(sorted(request.eos_token_ids))
         grammars = grammars_for(str(self.folder), self.config.vocab_size, eos)
-        grammar = grammars.compile(so, self.structured_backend)
+        grammar = grammars.compile(so, self.engine_config.structured_outputs.backend)
         masking = params.allowed_token_ids is not None or bool(params.bad_words) or params.min_tokens > 0
         rule = GrammarConstraint(grammar.matcher(), list(eos), self.config.vocab_size, check_empty=masking)
         if params.allowed_token_ids is not None:  # the one conflict visible before the first step
@@ -49,34 +68,8 @@ class StructuredOutputs:
         return [rule]
 
 
-class Scheduler(previous.LLM.engine_class.scheduler_class):
-    """Stage 06's scheduler with one more proposer: a request with a constraint drafts the tokens its grammar
-    forces (up to ``max_forced`` a step; stage 06's caps on budget, blocks and max_tokens apply as to any draft)."""
-    forced = ForcedTokens()
-    max_forced = 16  # stage 07's engine option num_forced_tokens
-
-    def draft_limit(self, seq: Sequence) -> int:
-        return self.max_forced if constraint_of(seq) is not None else super().draft_limit(seq)
-
-    def proposer_for(self, seq: Sequence):
-        return self.forced if constraint_of(seq) is not None else super().proposer_for(seq)
-
-
-class LLMEngine(previous.LLM.engine_class):
-    scheduler_class = Scheduler
-
-    def __init__(self, model, *, num_forced_tokens: int = 16, **options):
-        """num_forced_tokens: the most tokens a grammar may force into one step of a request (0: one token a step,
-        plain masked decoding)."""
-        check_int("num_forced_tokens", num_forced_tokens, 0, 256)
-        super().__init__(model, **options)
-        self.scheduler.max_forced = num_forced_tokens
-        self.runner.logprobs_mode = "processed_logprobs"  # what the request was sampled from: the masked logits
-
-
-class LLM(StructuredOutputs, previous.LLM):
-    engine_class = LLMEngine
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.engine.scheduler.forced = ForcedTokens(self.tokenizer.encode)  # this LLM's, with its tokenizer
+class LLM(StructuredOutputs, StreamingLLM):
+    """Stage 05's front end over this stage's engine, applying structured_outputs."""
+    build = staticmethod(build)
+    # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm), as stage 06.
+    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})

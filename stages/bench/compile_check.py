@@ -16,8 +16,8 @@ from triton.runtime.jit import JITFunction
 
 from common.numerics import quant_cuda as qc
 
-ew = importlib.import_module("stages.04_kernels.elementwise")
-pa = importlib.import_module("stages.04_kernels.paged_attention")
+ew = importlib.import_module("stages.kernels.elementwise")
+pa = importlib.import_module("stages.kernels.paged_attention")
 
 SM90 = GPUTarget("cuda", 90, 32)
 

@@ -24,7 +24,7 @@ from common.numerics import native
 from stages import workloads
 from common.sampling import SamplingParams
 
-FUSED_SOURCE = importlib.import_module("stages.04_kernels.cpu_fusion").SOURCE
+FUSED_SOURCE = importlib.import_module("stages.kernels.cpu_fusion").SOURCE
 
 VIEWS = {"view", "_unsafe_view", "as_strided", "slice", "select", "unsqueeze", "squeeze", "expand", "t", "transpose",
          "permute", "alias", "detach", "_reshape_alias", "unbind", "split", "chunk", "narrow", "split_with_sizes",
@@ -116,7 +116,7 @@ def decode_step_counts(module: str, requests: int, context: int, model: str = DE
     params = SamplingParams(temperature=0, max_tokens=4 * context, ignore_eos=True)
     engine = llm.engine
     for prompt in prompts:
-        engine.add(llm.make_sequence(prompt, params))
+        engine.add(llm.make_samples(prompt, params)[0])
     while engine.scheduler.waiting or min(len(s) for s in engine.scheduler.running) < context:
         engine.step()
     fused = getattr(llm.model, "fused", None)

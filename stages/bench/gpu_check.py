@@ -31,8 +31,8 @@ def bench(fn, repeats: int = 50) -> float:
 
 
 def kernel_table(console: Console, dtype=torch.bfloat16) -> None:
-    ew = importlib.import_module("stages.04_kernels.elementwise")
-    pa = importlib.import_module("stages.04_kernels.paged_attention")
+    ew = importlib.import_module("stages.kernels.elementwise")
+    pa = importlib.import_module("stages.kernels.paged_attention")
     dev, bw = "cuda", machine.measure_bandwidth("cuda", mb=1024)
     rows, hidden, ffn, heads, kvh, d, bs = 64, 576, 1536, 9, 3, 64, 16
     x, res, w = (torch.randn(rows, hidden, device=dev, dtype=dtype) for _ in range(3))

@@ -10,7 +10,8 @@ Two counts per stage, both measured from the code as it stands (no figure here i
   the model loader every stage stands on (``common/loader.py``, ``prepare.py``, ``paths.py``,
   ``gguf_convert.py``, ``config.py``, ``tokenizer.py``) and the commands (``__main__.py``). An import through
   the old ``stages`` registry (``from stages import paged_kv``) names the stage package it maps to, whose
-  ``__init__`` is read through (it only hands names on).
+  ``__init__`` is read through (it only hands names on). "Of them, parts named" reads a parent part without what
+  it names in turn (its own parents still): the stage's folder, the core modules and parent parts it names.
 * **files one step touches** (``--steps``, loads the tiny model): the repository's Python files whose code runs
   during one ``engine.step()`` of the tiny model, a step that prefills one request while two others decode, traced
   with ``sys.settrace``: the core and the stages' files, and apart from them the numerics (``common/numerics/``).
@@ -99,11 +100,13 @@ def in_a_stage(path: Path) -> bool:
     return path.relative_to(ROOT).parts[:2] in {("stages", folder) for folder in STAGE_FOLDERS}
 
 
-def read_set(folder: str, everything: bool = False) -> list[Path]:
+def read_set(folder: str, everything: bool = False, parent_names: bool = True) -> list[Path]:
     """The stage's engine and the modules of its folder it reaches; every module those name (import); and, read
     the same way, each part of another stage that a class inherits from, with what it names (a package's
     __init__, which only hands names on, is read through). A core module (common/) is read where it is named, not
-    followed further. ``everything``: every module reachable by imports instead."""
+    followed further. ``parent_names=False``: a parent part is read, and its own parents, but not what it names
+    (the issue's words: the stage's folder plus the core modules and parent parts it names). ``everything``:
+    every module reachable by imports instead."""
     home = ROOT / "stages" / folder
     start = home / "engine.py"
     read, expanded, todo = {start}, set(), [start]
@@ -113,7 +116,8 @@ def read_set(folder: str, everything: bool = False) -> list[Path]:
             continue
         expanded.add(path)
         tree, bound = parse(path)
-        for dep in set(bound.values()):
+        parent = not (path.is_relative_to(home) or path.name == "__init__.py" or everything)
+        for dep in parents(tree, bound) if parent and not parent_names else set(bound.values()):
             if counted(dep):
                 read.add(dep)
         follow = set(bound.values()) if everything or path.name == "__init__.py" else \
@@ -169,13 +173,16 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     console = Console()
     table = Table(title="what a learner reads for one stage")
-    for col in ("stage", "files read", "lines read", "lines reachable by imports", "files one step touches"):
+    for col in ("stage", "files read", "lines read", "of them, parts named", "lines reachable by imports",
+                "files one step touches"):
         table.add_column(col, justify="left" if col == "stage" else "right")
     for folder in args.stage or STAGE_FOLDERS:
         read, reachable = read_set(folder), read_set(folder, everything=True)
+        named = read_set(folder, parent_names=False)
         touched = files_one_step_touches(folder) if args.steps else None
         numerics = [f for f in touched or [] if f.startswith("common/numerics/")]
-        table.add_row(folder, str(len(read)), f"{sum(map(lines, read)):,}", f"{sum(map(lines, reachable)):,}",
+        table.add_row(folder, str(len(read)), f"{sum(map(lines, read)):,}", f"{sum(map(lines, named)):,}",
+                      f"{sum(map(lines, reachable)):,}",
                       f"{len(touched) - len(numerics)} (+{len(numerics)} numerics)" if touched else "-")
         if args.files:
             console.print(f"[bold]{folder}[/] reads: " + ", ".join(f"{p.relative_to(ROOT)} ({lines(p)})" for p in read))

@@ -26,7 +26,7 @@ from common.paths import DEFAULT_MODEL
 
 from .machine import measure_bandwidth, measure_compute
 
-capacity = importlib.import_module("stages.03_paged_kv.capacity")  # how many requests fit: stage 03's lesson
+capacity = importlib.import_module("stages.paged_kv.capacity")  # how many requests fit: stage 03's lesson
 
 GB = 1e9
 

@@ -36,7 +36,7 @@ S04, S05, S06, S07 = "stages/04_kernels", "stages/05_streaming", "stages/06_spec
 LABS = {lab.number: lab for lab in [
     Lab("01", "01_static_batch", f"{S01}/README.md#what-the-code-does", (
         Task("01.1", "the static scheduler", f"{S01}/engine.py",
-             "Scheduler.schedule: when every request of the current batch has finished, take the next batch (up to "
+             "Scheduler.pick: when every request of the current batch has finished, take the next batch (up to "
              "max_num_seqs waiting requests, in arrival order, marked RUNNING); return the slots of the batch's "
              "unfinished requests and whether the batch is new. A finished request keeps its slot, idle.",
              "Static (request-level) batching, as Orca describes what it replaces: a batch is scheduled as a whole "

@@ -104,7 +104,7 @@ def paged_llm(v, num_blocks: int, max_num_seqs: int, token_budget: int = 64):
 
 def paged_run(llm, prompts, params, outs=None) -> list:
     outs = llm.generate(prompts, params) if outs is None else outs
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.block_manager
     assert not bm.tables and bm.num_free_blocks == bm.num_blocks, (
         f"after every request finished, {bm.num_blocks - bm.num_free_blocks} of {bm.num_blocks} blocks are still "
         f"held (block tables: {dict(bm.tables)})")
@@ -159,7 +159,7 @@ A, B, C = [11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34]
 def prefix_hits(v, prompts, max_tokens) -> None:
     """One request at a time into one engine (a pool that never evicts): hits must be what the prompts share."""
     llm, history = paged_llm(v, 96, 2), []
-    cache = llm.engine.prefix_cache
+    cache = llm.engine.scheduler.prefix_cache
     for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
         before = cache.hit_tokens
         outs = llm.generate([prompt], [greedy(n)])

@@ -74,29 +74,30 @@ def check_06_1(v) -> None:
     assert llm.spec_stats.accepted > 0, "repetitive prompts, greedy: some n-gram draft must be kept"
 
 
-def oracle_caps(s) -> dict[int, int]:
-    """The lesson's arithmetic for one step of scheduler ``s``: per decoding request, its draft cap."""
+def oracle_caps(s, k: int) -> dict[int, int]:
+    """The lesson's arithmetic for one step of scheduler ``s`` drafting up to ``k`` tokens: per decoding request,
+    its draft cap."""
     bm, budget, free, caps = s.block_manager, s.max_num_batched_tokens, s.block_manager.num_free_blocks, {}
     for seq in s.running:
         n = seq.num_new_tokens
         own = n if n <= budget else budget if s.chunked_prefill else 0
         if own == 0:
             break
-        k = 0
+        drafts = 0
         if n == 1:
             left = min(seq.params.max_tokens - len(seq.output_token_ids), seq.max_len - len(seq))
-            k = max(0, min(s.num_speculative_tokens, budget - 1, left - 1))
-            while k and bm.blocks_needed(seq, 1 + k) > free:
-                k -= 1
-            caps[seq.seq_id] = k
-        free -= bm.blocks_needed(seq, own + k)
-        budget -= own + k
+            drafts = max(0, min(k, budget - 1, left - 1))
+            while drafts and bm.blocks_needed(seq, 1 + drafts) > free:
+                drafts -= 1
+            caps[seq.seq_id] = drafts
+        free -= bm.blocks_needed(seq, own + drafts)
+        budget -= own + drafts
     return caps
 
 
 def check_06_2(v) -> None:
-    scheduler_class = v.module("scheduler").Scheduler
-    paged_scheduler = importlib.import_module("stages.03_paged_kv.scheduler")
+    scheduler_class = v.module("scheduler").SpeculativeScheduler
+    paged_scheduler = importlib.import_module("stages.paged_kv.scheduler")
     make_room, caps_of = paged_scheduler.make_room, scheduler_class.draft_caps
 
     def checked_room(seq, n, running, waiting, bm):
@@ -106,14 +107,15 @@ def check_06_2(v) -> None:
         return make_room(seq, n, running, waiting, bm)
 
     def checked_caps(self):
-        got, want = caps_of(self), oracle_caps(self)
+        k = max(p.k for p in self.proposers)  # the method's num_speculative_tokens
+        got, want = caps_of(self), oracle_caps(self, k)
         got = {i: k for i, k in got.items() if k} if isinstance(got, dict) else got
         want = {i: k for i, k in want.items() if k}
         assert got == want, (
             f"draft caps {got} (seq_id: drafts) for the running requests "
             f"{[(s.seq_id, s.num_new_tokens, len(s.output_token_ids), s.params.max_tokens) for s in self.running]} "
             f"(seq_id, tokens to feed, output so far, max_tokens) with budget {self.max_num_batched_tokens}, "
-            f"{self.block_manager.num_free_blocks} free blocks, num_speculative_tokens {self.num_speculative_tokens}; "
+            f"{self.block_manager.num_free_blocks} free blocks, num_speculative_tokens {k}; "
             f"expected {want}")
         return got
 

@@ -15,7 +15,6 @@ browser's address bar cannot send the header.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from collections import deque
 
@@ -118,19 +117,20 @@ class LiveXray:
             self.disconnect(client)
 
 
-def add_xray_routes(app, llm, api_key: str | None = None, label: str = "stage 05 server") -> LiveXray:
-    """Serve the live X-ray of ``llm`` (a stage-05 `LLM` in this process) at /xray and /xray/events."""
-    guards_module = importlib.import_module("stages.05_streaming.server.guards")  # the server's API-key check
+def add_xray_routes(app, llm, check_api_key=None, label: str = "stage 05 server") -> LiveXray:
+    """Serve the live X-ray of ``llm`` (a stage-05 `LLM` in this process) at /xray and /xray/events.
+    ``check_api_key``: the server's check of a request's API key (a FastAPI dependency), which the events pass
+    first; None when the server takes no key."""
     live = llm.add_observer(LiveXray(label))
-    guards = guards_module.Guards(api_key)
     router = APIRouter()
-    html = page.render(live={"events": "/xray/events", "label": label, "api_key": api_key is not None})
+    html = page.render(live={"events": "/xray/events", "label": label, "api_key": check_api_key is not None})
+    guard = [Depends(check_api_key)] if check_api_key is not None else []
 
     @router.get("/xray", response_class=HTMLResponse, include_in_schema=False)
     async def xray_page():
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
-    @router.get("/xray/events", dependencies=[Depends(guards.check_api_key)], include_in_schema=False)
+    @router.get("/xray/events", dependencies=guard, include_in_schema=False)
     async def xray_events(request: Request):
         drain = getattr(request.app.state, "drain", None)
         hello = {"label": label, "gauges": llm.gauges()}

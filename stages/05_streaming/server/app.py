@@ -65,7 +65,7 @@ def create_app(llm, model_name: str = DEFAULT_MODEL, *, api_key: str | None = No
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(v1)
     if xray and isinstance(engine, LocalEngine):  # the live X-ray at /xray (stages/xray/live.py)
-        add_xray_routes(app, engine.llm, api_key)
+        add_xray_routes(app, engine.llm, api.guards.check_api_key if api.guards.api_key else None)
     return app
 
 

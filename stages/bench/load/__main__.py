@@ -17,7 +17,7 @@ from .aiperf import check_aiperf, compare_with_aiperf
 from .args import add_load_arguments, settings_from
 from .client import load_url, serving
 
-options = importlib.import_module("stages.05_streaming.options")
+options = importlib.import_module("stages.streaming.options")
 
 
 def main(argv=None) -> None:

@@ -1,4 +1,5 @@
-"""``speculative_config``: vLLM's keys, checked before the model loads, each error naming the key to fix.
+"""The speculation section of `EngineConfig` (``speculative_config``): vLLM's keys, checked before the model loads,
+each error naming the key to fix. Stage 06 (stages/06_speculative/) reads it to choose its proposers.
 
     LLM(..., speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                  "prompt_lookup_min": 2, "prompt_lookup_max": 5})
@@ -20,15 +21,6 @@ MAX_SPECULATIVE_TOKENS = 16
 KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization",
         "disable_by_batch_size"}
 NGRAM_DEFAULT = 5  # vLLM's prompt_lookup_min and _max when neither is given
-# What the engine, its server and the ladder run when told nothing: prompt lookup of 2 to 5 tokens, 4 drafts, and no
-# drafts while more than 4 requests run. A verify pass's extra rows are not free on a CPU: on the 2-core AVX2 EPYC
-# (docs/speculative.md) extraction stopped paying at 4 in flight (1.00x) and chat at 2 (0.94x); past 4, speculation
-# lost on every workload measured, and at 16 in flight it made stage 06 slower than stage 05 in the ladder.
-STAGE_DEFAULT = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
-                 "disable_by_batch_size": 4}
-# What `python -m stages.06_speculative` compares by default: the same, drafting at every batch size, so that its
-# table shows where speculation stops paying (the crossover the engine's default acts on).
-COMPARE_DEFAULT = {key: value for key, value in STAGE_DEFAULT.items() if key != "disable_by_batch_size"}
 
 
 @dataclass(frozen=True)
@@ -44,9 +36,10 @@ class SpeculativeConfig:
 
     @classmethod
     def parse(cls, value) -> SpeculativeConfig | None:
-        """None (speculation off), a dict of vLLM's keys, or the same as a JSON string (the command line's)."""
-        if value is None:
-            return None
+        """None (speculation off), a dict of vLLM's keys, the same as a JSON string (the command line's), or a
+        `SpeculativeConfig` already checked."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
         if isinstance(value, str):
             try:
                 value = json.loads(value)

@@ -1,0 +1,157 @@
+"""One `EngineConfig` per engine: every option of ``LLM(...)``, the command lines and the server, checked once,
+before the model loads, then handed to the parts, each of which reads its section. Frozen: nothing changes it after.
+
+    model               ModelOptions             the checkpoint folder, its precision, device and context
+    scheduler           SchedulerConfig          max_num_seqs, max_num_batched_tokens, chunked prefill, preemption
+    cache               CacheConfig              block_size, the KV budget, prefix caching, fused decode attention
+    speculative         SpeculativeConfig|None   speculative_config: what stage 06 drafts with (None: nothing)
+    structured_outputs  StructuredOutputsConfig  the grammar backend and the forced tokens of stage 07
+
+The option names are vLLM's. Every stage takes every option; a stage reads the sections of the parts it is
+built from (stage 01 has no block to size, stage 05 no proposer to choose).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+from common.config import ModelConfig
+from common.loader import load_model, parse_dtype, parse_memory, resolve_device
+from common.model import Llama
+from common.paths import DEFAULT_MODEL
+from common.speculative_config import SpeculativeConfig
+from common.validate import InvalidParam, check_bool, check_int, clip
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    folder: str  # the checkpoint folder (a name like 'tiny' resolved to it)
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int  # the most tokens a request may hold, prompt and output
+    quantization: str | None = None  # None, 'int8', 'int4' or 'w4a8' (common.numerics.quant)
+    seed: int = 0
+    batch_invariant: bool = True  # False: plain torch math, faster, but a request's tokens depend on its batch
+
+    def load(self, model_class: type[Llama] = Llama, **changes) -> Llama:
+        """The checkpoint's weights in a stage's model class (``changes``: another folder, dtype or quantization,
+        for a draft model)."""
+        m = replace(self, **changes)
+        return load_model(m.folder, m.dtype, m.device, model_class, m.batch_invariant, m.quantization)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 16  # requests in flight (stages 01-02: batch slots)
+    max_num_batched_tokens: int = 512  # tokens one step feeds (stage 03 on)
+    max_model_len: int | None = None  # the model's context, for a request's longest growth
+    enable_chunked_prefill: bool = True
+    enable_preemption: bool = True
+    max_waiting: int = 256  # requests queued past which a server answers 503 (stage 05 on)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block (stage 03 on)
+    kv_cache_memory: str | int | float | None = None  # bytes, '48MiB', a fraction of free memory; None: as stage 02
+    enable_prefix_caching: bool = True
+    fused_attention: bool = False  # stage 04 on CUDA: decode attention in a Triton kernel (not the reference's bits)
+
+
+@dataclass(frozen=True)
+class StructuredOutputsConfig:
+    backend: str = "auto"  # 'fsm' (the hand-written automaton), 'xgrammar', or 'auto'
+    num_forced_tokens: int = 16  # the most tokens a grammar may force into one step of a request (0: none)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelOptions
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    speculative: SpeculativeConfig | None = None
+    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
+
+    @classmethod
+    def create(cls, model: str | os.PathLike = DEFAULT_MODEL, *, dtype: str = "bfloat16", device: str | None = "auto",
+               max_model_len: int | None = None, max_num_seqs: int = 16, seed: int = 0, batch_invariant: bool = True,
+               quantization: str | None = None, block_size: int = 16, kv_cache_memory: str | int | float | None = None,
+               kv_cache_memory_bytes: int | None = None, max_num_batched_tokens: int = 512,
+               enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, enable_preemption: bool = True,
+               fused_attention: bool = False, max_waiting: int = 256, speculative_config=None,
+               num_forced_tokens: int = 16, structured_outputs_backend: str = "auto") -> EngineConfig:
+        """Check every option (a wrong one raises `InvalidParam` naming it) and resolve the model's folder and
+        context; the weights are not read."""
+        if max_model_len is not None:
+            check_int("max_model_len", max_model_len, 2)
+        check_int("max_num_seqs", max_num_seqs, 1)
+        check_int("seed", seed, 0, 2**64 - 1)
+        if not isinstance(model, (str, os.PathLike)):
+            raise InvalidParam("model", f"model={clip(model)} is invalid: give a checkpoint folder or a model name")
+        check_int("block_size", block_size, 1)  # 16 is the usual choice
+        check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+        for name, flag in (("batch_invariant", batch_invariant), ("enable_prefix_caching", enable_prefix_caching),
+                           ("enable_chunked_prefill", enable_chunked_prefill),
+                           ("enable_preemption", enable_preemption), ("fused_attention", fused_attention)):
+            check_bool(name, flag)
+        if max_num_batched_tokens < max_num_seqs:
+            raise InvalidParam("max_num_batched_tokens", f"max_num_batched_tokens={max_num_batched_tokens} must be "
+                               f">= max_num_seqs={max_num_seqs}, or some running requests could never decode")
+        check_int("max_waiting", max_waiting, 1)
+        check_int("num_forced_tokens", num_forced_tokens, 0, 256)
+        if structured_outputs_backend not in ("auto", "fsm", "xgrammar"):
+            raise InvalidParam("structured_outputs_backend", f"structured_outputs_backend="
+                               f"{clip(structured_outputs_backend)} is invalid: use 'auto', 'fsm' or 'xgrammar'")
+        speculative = SpeculativeConfig.parse(speculative_config)
+        if speculative is not None:
+            speculative.check_budget(max_num_batched_tokens)
+        device = resolve_device(device)
+        cache = CacheConfig(block_size, kv_budget(kv_cache_memory, kv_cache_memory_bytes, device),
+                            enable_prefix_caching, fused_attention)
+        from common.prepare import resolve_model  # lazily: `python -m common.prepare` imports common first
+        folder = resolve_model(model)
+        context = model_context(ModelConfig.from_folder(folder), max_model_len)
+        return cls(ModelOptions(str(folder), parse_dtype(dtype), device, context, quantization, seed, batch_invariant),
+                   SchedulerConfig(max_num_seqs, max_num_batched_tokens, context, enable_chunked_prefill,
+                                   enable_preemption, max_waiting),
+                   cache, speculative, StructuredOutputsConfig(structured_outputs_backend, num_forced_tokens))
+
+
+def kv_budget(kv_cache_memory, kv_cache_memory_bytes, device: torch.device):
+    """The KV budget as given (a fraction of free memory is measured again when the pool is sized, once the weights
+    are in memory), after checking that it reads."""
+    if kv_cache_memory_bytes is not None:  # vLLM's name: a plain byte count
+        if kv_cache_memory is not None:
+            raise InvalidParam("kv_cache_memory_bytes", "give kv_cache_memory_bytes or kv_cache_memory, not both")
+        check_int("kv_cache_memory_bytes", kv_cache_memory_bytes, 1)
+        kv_cache_memory = kv_cache_memory_bytes
+    try:  # bytes, "48MiB", "2GB", or a fraction of free memory like 0.5
+        budget = parse_memory(kv_cache_memory, device)
+    except (ValueError, TypeError) as e:
+        raise InvalidParam("kv_cache_memory", f"kv_cache_memory={clip(kv_cache_memory)} is invalid: {e}") from None
+    if budget is not None:
+        check_int("kv_cache_memory", budget, 1)
+    return kv_cache_memory
+
+
+def context_note(config: ModelConfig) -> str:
+    """What to say when a request outgrows a context that is the model's sliding window."""
+    window = config.sliding_window
+    if window is None or window != config.max_position_embeddings:
+        return ""
+    return (f" (the model's sliding window: stepwise's attention is full attention, which is sliding-window "
+            f"attention only within the window's {window} tokens)")
+
+
+def model_context(config: ModelConfig, max_model_len: int | None) -> int:
+    """max_model_len checked against the model's context; by default the context, at most 2,048 tokens (a per-slot
+    reservation, stage 02, stays affordable)."""
+    limit = config.max_position_embeddings
+    if max_model_len is not None:
+        try:
+            check_int("max_model_len", max_model_len, 2, limit)
+        except InvalidParam as e:
+            raise InvalidParam("max_model_len", f"{e}{context_note(config)}") from None
+    return max_model_len or min(limit, 2048)
