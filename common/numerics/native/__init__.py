@@ -10,7 +10,7 @@ chunk table and fixes every reduction's order by construction (see its header).
 
 It is compiled with the machine's C++ compiler against torch's headers into
 ``$STEPWISE_HOME/native`` (keyed by the source, torch and the CPU, so a cached build is never
-used on another machine) and imported as a Python module. Each kernel is bound to Python directly
+used on another machine: build.py) and imported as a Python module. Each kernel is bound to Python directly
 (pybind11, as torch's own C++ extensions are) rather than registered as a ``torch.ops`` operator:
 a step calls these kernels a few hundred times, and the dispatcher's boxed call from Python costs
 several times the direct binding's (docs/native-kernels.md). Like a ``torch.ops`` call, the binding
@@ -22,26 +22,19 @@ with what that costs (``FALLBACKS``); ``describe()`` says it again in the engine
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import os
-import subprocess
-import sys
-import sysconfig
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from common.numerics.native import flags as probe
-from common.paths import cpu_identity, home
+from common.numerics.native import flags as probe  # noqa: F401 - the probe the tests stand in for
+from common.numerics.native.build import FLAGS, HERE, _build, compile_flags, module_name, source_key  # noqa: F401
+from common.paths import cpu_identity
 
-HERE = Path(__file__).parent  # attention.cpp, and bf16.h, which every kernel source may include
 SOURCE = HERE / "attention.cpp"
 LINEAR_SOURCE = HERE / "linear.cpp"
-FLAGS = probe.BASE  # every build's; compile_flags() adds what this compiler takes (flags.py)
 _state: dict[Path, dict] = {}  # per source: ok, path, seconds to build (0: cached), error
 log = logging.getLogger("stepwise.native")
 # What runs where a source does not build, and what that costs (docs/native-kernels.md measures it): load() says
@@ -159,10 +152,6 @@ def loaded(source: Path = SOURCE):
     return _state.get(source, {}).get("module")
 
 
-def module_name(source: Path) -> str:
-    return f"stepwise_{source.stem}"  # the name each source's PYBIND11_MODULE is compiled under
-
-
 def load(source: Path = SOURCE) -> bool:
     """Build (or find) and load the library of ``source``; False, with the reason kept, where that fails."""
     state = _state.setdefault(source, {})
@@ -200,55 +189,3 @@ def describe() -> str:
     if not load():
         return f"attention: tensor ops (the CPU kernel {build_note()})"
     return f"attention: compiled CPU kernel ({build_note()})"
-
-
-def source_key(source: Path = SOURCE) -> str:
-    """What a build of ``source`` depends on (its text and the headers beside it, flags, torch, the CPU), hashed:
-    the name of its library, and part of the key of anything cached from that library's results."""
-    return _key(source)
-
-
-def compile_flags() -> list[str]:
-    """FLAGS and what this machine's compiler takes (flags.py: probed once per machine, then read from the cache)."""
-    chosen = probe.probed(home() / "native", cpu_identity(), _torch_lib())
-    return [*FLAGS, *chosen["arch"], *chosen["openmp"], *chosen["link"]]
-
-
-def _torch_lib() -> Path:
-    from torch.utils.cpp_extension import library_paths
-    return Path(library_paths()[0])
-
-
-def _key(source: Path) -> str:
-    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))
-    compiler = f"{probe.compiler()}|{probe.compiler_version(probe.compiler())}"
-    raw = (f"{source.read_bytes()!r}|{headers!r}|{compile_flags()}|{compiler}|{torch.__version__}|{cpu_identity()}|"
-           f"{sys.version_info[:2]}")
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
-
-
-def _build(source: Path) -> tuple[Path, float]:
-    """The shared library for this machine: compiled now (seconds taken) or found (0)."""
-    folder = home() / "native"
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{source.stem}-{_key(source)}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if target.exists():
-        return target, 0.0
-    from torch.utils.cpp_extension import include_paths
-
-    start = time.perf_counter()
-    lib = _torch_lib()
-    abi = int(torch.compiled_with_cxx11_abi())
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        out = Path(tmp) / target.name
-        cmd = [probe.compiler(), *compile_flags(), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-               f"-DSTEPWISE_MODULE={module_name(source)}",
-               f"-I{HERE}", *[f"-I{p}" for p in include_paths()], f"-I{sysconfig.get_paths()['include']}", str(source),
-               "-o", str(out), f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch",
-               "-ltorch_python", f"-Wl,-rpath,{lib}"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:  # the first error names the cause; the last line is often only "terminated"
-            lines = result.stderr.strip().splitlines() or ["no output"]
-            raise RuntimeError(f"{cmd[0]} failed: {next((x for x in lines if 'error' in x), lines[-1]).strip()}")
-        os.replace(out, target)  # atomic: a concurrent build never leaves half a file
-    return target, time.perf_counter() - start

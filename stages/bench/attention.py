@@ -1,4 +1,4 @@
-"""`python -m common.numerics.native.bench_attention VERSION`: one attention version on SmolLM2's decode shapes
+"""`python -m stages.bench.attention VERSION`: one attention version on SmolLM2's decode shapes
 (9 heads, 3 KV heads, d 64, blocks of 16 in shuffled order), the fastest single call of many per case, and a hash
 of every output, so that versions run in separate processes can be compared bit for bit.
 
