@@ -36,19 +36,34 @@ REGISTRY = {"static_batch": "01_static_batch", "continuous_batch": "02_continuou
 
 
 def module_file(dotted: str) -> Path | None:
-    """The file of a dotted module name, reading ``stages.<name>`` as the stage folder it names."""
+    """The file of a dotted module name: its own file, else, for ``stages.<name>.x``, the stage folder's."""
     parts = dotted.split(".")
-    if len(parts) >= 2 and parts[0] == "stages" and parts[1] in REGISTRY:
-        parts[1] = REGISTRY[parts[1]]
-    base = ROOT.joinpath(*parts)
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
+    for mapped in (parts, ["stages", REGISTRY[parts[1]], *parts[2:]] if parts[1:2] and parts[1] in REGISTRY
+                   and parts[0] == "stages" else None):
+        if mapped:
+            base = ROOT.joinpath(*mapped)
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
     return None
 
 
+def is_face(path: Path) -> bool:
+    """A module that only hands names on: a package's __init__, or a stage's door (stages/paged_kv.py)."""
+    return path.name == "__init__.py" or (path.parent == ROOT / "stages" and path.stem in REGISTRY)
+
+
+def through(path: Path, name: str, depth: int = 0) -> Path:
+    """Where ``name``, imported from ``path``, is defined: a face's name is followed to the module it comes from."""
+    if depth > 5 or not is_face(path):
+        return path
+    target = parse(path)[1].get(name)
+    return through(target, name, depth + 1) if target is not None and target != path else path
+
+
 def parse(path: Path) -> tuple[ast.Module, dict[str, Path]]:
-    """The module's tree, and each name an import binds in it -> the repository module it stands for."""
+    """The module's tree, and each name an import binds in it -> the repository module it stands for (a name taken
+    from a face, the module that defines it)."""
     rel = path.relative_to(ROOT).with_suffix("")
     package = list(rel.parts[:-1])
     tree, bound = ast.parse(path.read_text(encoding="utf-8")), {}
@@ -63,7 +78,9 @@ def parse(path: Path) -> tuple[ast.Module, dict[str, Path]]:
             if node.level:
                 base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
             for a in node.names:
-                target = module_file(f"{base}.{a.name}") or module_file(base)
+                target = module_file(f"{base}.{a.name}")
+                if target is None and (target := module_file(base)) is not None and target != path:
+                    target = through(target, a.name)
                 if target is not None:
                     bound[a.asname or a.name] = target
         elif (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args
@@ -76,16 +93,23 @@ def parse(path: Path) -> tuple[ast.Module, dict[str, Path]]:
 
 
 def parents(tree: ast.Module, bound: dict[str, Path]) -> set[Path]:
-    """The modules the classes of a module inherit from (``class A(paged.Scheduler)``: paged's module): a learner
-    reads a parent to know what its child does."""
+    """The modules the classes of a module inherit from (``class A(paged.Scheduler)``: the module defining
+    paged's Scheduler): a learner reads a parent to know what its child does."""
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             for base in node.bases:
+                names = []
                 while isinstance(base, (ast.Attribute, ast.Call, ast.Subscript)):
+                    names.append(base.attr) if isinstance(base, ast.Attribute) else None
                     base = base.value if not isinstance(base, ast.Call) else base.func
                 if isinstance(base, ast.Name) and base.id in bound:
-                    found.add(bound[base.id])
+                    module = bound[base.id]
+                    for name in names[::-1]:  # paged.Scheduler, streaming.engine.LLMEngine, previous.LLM.x
+                        if (found_in := through(module, name)) != module:
+                            module = found_in
+                            break
+                    found.add(module)
     return found
 
 
@@ -93,11 +117,12 @@ def counted(path: Path) -> bool:
     rel = path.relative_to(ROOT).as_posix()
     if rel in GROUND or rel.startswith("common/numerics/") or rel.endswith("__main__.py"):
         return False
-    return rel.startswith("common/") or any(rel.startswith(f"stages/{folder}/") for folder in STAGE_FOLDERS)
+    door = path.parent == ROOT / "stages" and path.stem in REGISTRY
+    return door or rel.startswith("common/") or any(rel.startswith(f"stages/{folder}/") for folder in STAGE_FOLDERS)
 
 
 def in_a_stage(path: Path) -> bool:
-    return path.relative_to(ROOT).parts[:2] in {("stages", folder) for folder in STAGE_FOLDERS}
+    return path.relative_to(ROOT).parts[:2] in {("stages", folder) for folder in STAGE_FOLDERS} or is_face(path)
 
 
 def read_set(folder: str, everything: bool = False, parent_names: bool = True) -> list[Path]:
@@ -116,12 +141,13 @@ def read_set(folder: str, everything: bool = False, parent_names: bool = True) -
             continue
         expanded.add(path)
         tree, bound = parse(path)
-        parent = not (path.is_relative_to(home) or path.name == "__init__.py" or everything)
-        for dep in parents(tree, bound) if parent and not parent_names else set(bound.values()):
+        parent = not (path.is_relative_to(home) or is_face(path) or everything)
+        inherited = parents(tree, bound)
+        for dep in inherited | (set() if parent and not parent_names else set(bound.values())):
             if counted(dep):
                 read.add(dep)
-        follow = set(bound.values()) if everything or path.name == "__init__.py" else \
-            {d for d in bound.values() if d.is_relative_to(home)} | parents(tree, bound)
+        follow = set(bound.values()) if everything or is_face(path) else \
+            {d for d in bound.values() if d.is_relative_to(home)} | inherited
         todo += [d for d in follow if counted(d) and d not in expanded and (everything or in_a_stage(d))]
     return sorted(read)
 
