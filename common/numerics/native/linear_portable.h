@@ -19,10 +19,10 @@
 // bf16() is VCVTNEPS2BF16's rounding (to nearest even, a subnormal to a signed zero), which the AVX-512 kernels use.
 //
 // Speed: decoding one request reads every weight once, so one row runs 2 blocks of 16 outputs at once (4 chains in
-// flight) and requests its lines ahead; more rows run up to `max_rows` rows x 16 outputs in registers, the block's
-// weights then coming from cache on each pass (int8 and int4 widened once per block, `linear_blocks_wide`). int4
-// below that decodes its codes without shifts, against inputs scaled by powers of two (`scale_inputs`): the same
-// products, so the same bits.
+// flight) and requests its lines ahead; more rows run up to `max_rows` rows x 16 outputs in registers, in one pass;
+// more than that, in passes over tiles of a block's inputs that stay in L1 (linear_portable_tiles.h; int4 from 3
+// rows, its codes widened once per tile). int4 below that decodes its codes without shifts, against inputs scaled
+// by powers of two (`scale_inputs`): the same products, so the same bits.
 #pragma once
 
 #include <algorithm>
@@ -41,13 +41,14 @@
 namespace stepwise_portable {
 
 // Rows per pass over a block, in registers. AVX2 has 16 vector registers and 16 outputs take 2, so R rows are 2R
-// accumulators beside what one input step needs: float32 weights (a float32 model, or int8 and int4 widened once
-// per block) two weight vectors and a broadcast, room for 6 rows; w4a8's integer sums 6 as well; bfloat16 pairs 5
-// (at 6 they spilled to the stack); int8 and int4 decoded in registers, 4. A call's rows are cut into passes as
-// even as can be (8 rows: 4 + 4, not 6 + 2). Measured: docs/native-kernels.md ("third stop").
+// accumulators beside what one input step needs: float32 weights (a float32 model, or int4 widened once per tile)
+// two weight vectors and a broadcast, room for 6 rows; int8 (two widened vectors) and w4a8's integer sums 6 as well;
+// bfloat16 pairs 5 (at 6 they spilled to the stack); int4 decoded in registers, 4. A call's rows are cut into
+// passes as even as can be (8 rows: 4 + 4, not 6 + 2). Measured: docs/native-kernels.md ("third stop"; int8 at 5
+// and 6 rows in one pass: "verify rows").
 constexpr int GROUP_BLOCKS = 4;
 constexpr int64_t max_rows(Kind kind, bool widened) {
-  return widened || kind == Kind::f32 || kind == Kind::w4a8 ? 6 : kind == Kind::bf16 ? 5 : 4;
+  return widened || kind == Kind::f32 || kind == Kind::w4a8 || kind == Kind::int8 ? 6 : kind == Kind::bf16 ? 5 : 4;
 }
 
 // `rows` rows in passes of at most `most`, as even as can be: run(row0, rows) for each.
@@ -96,20 +97,27 @@ inline void group_sums(const float* X, int64_t m, int64_t ldx, int64_t groups, f
     }
 }
 
-// How far ahead a block's weights are requested: the same line (int4, w4a8: the same group) of the block
-// AHEAD_BLOCKS on. A thread walks its blocks two at a time, each a short run (int4: 18 or 48 records at SmolLM2's
-// shapes; int8: 9 KB), so requesting a little ahead inside a block never reached the next pair, whose first lines
-// then came late (docs/native-kernels.md has the passes from memory before and after).
-constexpr int64_t AHEAD_BLOCKS = 2;
+// How far ahead the weights are requested (into L2: `prefetch`): AHEAD_BYTES on in this thread's walk over its
+// blocks, C at a time side by side, so that near a block's end the request lands in the next C blocks (a thread's
+// blocks are short runs, int4: 18 or 48 records at SmolLM2's shapes; asking a little ahead inside a block never
+// reached the next pair, whose first lines then came late). It was "the same line two blocks on", which at a wide
+// layer's shapes is 0.5-1 MB ahead; 4, 8 and 16 KB and two blocks measured alike at SmolLM2's (docs/native-kernels.md).
+constexpr int64_t AHEAD_BYTES = 8192;
+// What to request ahead of p, which lies `offset` bytes into its block of `bytes` (C blocks walked side by side).
+template <int C>
+inline const char* ahead_of(const char* p, int64_t offset, int64_t bytes) {
+  return p + AHEAD_BYTES + (offset + AHEAD_BYTES >= bytes ? (C - 1) * bytes : 0);
+}
 
-// Group g's record of each of C blocks; with `ahead`, the same group AHEAD_BLOCKS blocks on requested.
+// Group g's record of each of C blocks; with `ahead`, the record AHEAD_BYTES on requested.
 template <int C>
 inline void group_records(const char* const* blocks, int64_t g, int64_t groups, bool ahead,
                           const uint8_t* (&records)[C]) {
   for (int c = 0; c < C; ++c) {
     records[c] = reinterpret_cast<const uint8_t*>(blocks[c]) + g * INT4_RECORD;
     if (ahead)
-      for (int l = 0; l < INT4_RECORD; l += 64) prefetch(records[c] + AHEAD_BLOCKS * groups * INT4_RECORD + l);
+      for (int l = 0; l < INT4_RECORD; l += 64)
+        prefetch(ahead_of<C>(reinterpret_cast<const char*>(records[c]), g * INT4_RECORD, groups * INT4_RECORD) + l);
   }
 }
 
@@ -145,20 +153,27 @@ inline void multiply_input(const float* X, int64_t ldx, int64_t i, const char* c
   }
 }
 
-// R rows x C blocks (bfloat16, float32 or int8 weights): every output's chain over all kp inputs, in order. The
-// chains live in a local array (registers), written out once: through `out` the compiler would store them after
-// every step, since X's floats may alias them.
+// R rows x C blocks (bfloat16, float32 or int8 weights): every output's chain through inputs [i0, i1), in order,
+// from +0 where i0 is 0, else from `out` (a tile of the many-row path goes on where the one before it stopped: the
+// same chain, stored and reloaded exactly). `blocks` point at input i0 of each block. The chains live in a local
+// array (registers), written out once: through `out` the compiler would store them after every step, since X's
+// floats may alias them.
 template <Kind K, int R, int C>
-void dot(const float* X, int64_t ldx, int64_t kp, const char* const* blocks, bool ahead, V8 (&out)[R][C][2]) {
+void dot(const float* X, int64_t ldx, int64_t kp, int64_t i0, int64_t i1, const char* const* blocks, bool ahead,
+         V8 (&out)[R][C][2]) {
   constexpr int IN = inputs_per_line<K>();
   V8 acc[R][C][2];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = zero();
-  for (int64_t i = 0; i < kp; i += IN) {
+    for (int c = 0; c < C; ++c)
+      acc[r][c][0] = i0 == 0 ? zero() : out[r][c][0], acc[r][c][1] = i0 == 0 ? zero() : out[r][c][1];
+  for (int64_t i = i0; i < i1; i += IN) {
     const char* lines[C];
     for (int c = 0; c < C; ++c) {
-      lines[c] = blocks[c] + i / IN * 64;
-      if (ahead) prefetch(lines[c] + AHEAD_BLOCKS * (kp / IN) * 64);  // this line of the block two on
+      lines[c] = blocks[c] + (i - i0) / IN * 64;
+      if (ahead) {  // one or two rows of float32: into L1, this line of the block two on (`prefetch` says why)
+        if constexpr (K == Kind::f32 && R <= 2) prefetch<true>(lines[c] + 2 * (kp / IN) * 64);
+        else prefetch(ahead_of<C>(lines[c], i / IN * 64, kp / IN * 64));
+      }
     }
     multiply_input<K, 0>(X, ldx, i, lines, acc);
     if constexpr (IN > 1) multiply_input<K, 1>(X, ldx, i + 1, lines, acc);
@@ -193,24 +208,27 @@ inline void multiply_run(const float* X, int64_t ldx, int64_t i, const uint8_t* 
   multiply_code<7, H>(X, ldx, i, codes, part), multiply_code<6, H>(X, ldx, i, codes, part);
 }
 
-// The same for one block whose codes were widened once (`widen_block`): input i + T, both halves.
+// The same for one block whose codes were widened once (`widen_tile`; `wide` at input i's 16 weights): input i + T,
+// both halves.
 template <int T, int R>
 inline void multiply_wide(const float* X, int64_t ldx, int64_t i, const float* wide, V8 (&part)[R][1][2]) {
-  const V8 w0 = load(wide + (i + T) * BLOCK), w1 = load(wide + (i + T) * BLOCK + 8);
+  const V8 w0 = load(wide + T * BLOCK), w1 = load(wide + T * BLOCK + 8);
   for (int r = 0; r < R; ++r) {
     const V8 x = broadcast(X[r * ldx + i + T]);
     part[r][0][0] = fma(x, w0, part[r][0][0]), part[r][0][1] = fma(x, w1, part[r][0][1]);
   }
 }
 
-// R rows x C blocks of int4 records into acc[r][c][16] (floats: adds group after group). WIDE: one block, its codes
-// read from `wide` (its d and m still from the records).
+// R rows x C blocks of int4 records, groups [g0, g1), into acc[r][c][16] (floats: adds group after group; from +0
+// where g0 is 0, else going on from acc). WIDE: one block, its codes read from `wide`, which holds group g0's first
+// input (its d and m still from the records).
 template <int R, int C, bool WIDE = false>
 void dot_int4(const float* X, int64_t ldx, int64_t groups, const float* sums, const char* const* blocks, bool ahead,
-              float (&acc)[R][C][16], const float* wide = nullptr) {
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) std::fill(acc[r][c], acc[r][c] + 16, 0.0f);
-  for (int64_t g = 0; g < groups; ++g) {
+              float (&acc)[R][C][16], const float* wide = nullptr, int64_t g0 = 0, int64_t g1 = -1) {
+  if (g0 == 0)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) std::fill(acc[r][c], acc[r][c] + 16, 0.0f);
+  for (int64_t g = g0; g < (g1 < 0 ? groups : g1); ++g) {
     const uint8_t* records[C];
     group_records<C>(blocks, g, groups, ahead, records);
     V8 part[R][C][2];
@@ -219,10 +237,11 @@ void dot_int4(const float* X, int64_t ldx, int64_t groups, const float* sums, co
     for (int run = 0; run < 4; ++run) {  // inputs 8 run .. 8 run + 7
       const int64_t i = g * GROUP + 8 * run;
       if constexpr (WIDE) {
-        multiply_wide<1>(X, ldx, i, wide, part), multiply_wide<0>(X, ldx, i, wide, part);
-        multiply_wide<3>(X, ldx, i, wide, part), multiply_wide<2>(X, ldx, i, wide, part);
-        multiply_wide<5>(X, ldx, i, wide, part), multiply_wide<4>(X, ldx, i, wide, part);
-        multiply_wide<7>(X, ldx, i, wide, part), multiply_wide<6>(X, ldx, i, wide, part);
+        const float* w = wide + (i - g0 * GROUP) * BLOCK;
+        multiply_wide<1>(X, ldx, i, w, part), multiply_wide<0>(X, ldx, i, w, part);
+        multiply_wide<3>(X, ldx, i, w, part), multiply_wide<2>(X, ldx, i, w, part);
+        multiply_wide<5>(X, ldx, i, w, part), multiply_wide<4>(X, ldx, i, w, part);
+        multiply_wide<7>(X, ldx, i, w, part), multiply_wide<6>(X, ldx, i, w, part);
       } else {
         multiply_run<0>(X, ldx, i, records, run, part), multiply_run<1>(X, ldx, i, records, run, part);
       }
@@ -267,9 +286,9 @@ void run(const Problem& p, int64_t row0, int64_t block) {
     dot_w4a8<R, C>(p.qa + row0 * p.kp, p.kp, p.qs + 2 * row0 * (p.kp / GROUP), blocks, ahead, out);
   } else {
     V8 acc[R][C][2];
-    if (p.kind == Kind::bf16) dot<Kind::bf16, R, C>(X, p.ldx, p.kp, blocks, ahead, acc);
-    else if (p.kind == Kind::f32) dot<Kind::f32, R, C>(X, p.ldx, p.kp, blocks, ahead, acc);
-    else dot<Kind::int8, R, C>(X, p.ldx, p.kp, blocks, ahead, acc);
+    if (p.kind == Kind::bf16) dot<Kind::bf16, R, C>(X, p.ldx, p.kp, 0, p.kp, blocks, ahead, acc);
+    else if (p.kind == Kind::f32) dot<Kind::f32, R, C>(X, p.ldx, p.kp, 0, p.kp, blocks, ahead, acc);
+    else dot<Kind::int8, R, C>(X, p.ldx, p.kp, 0, p.kp, blocks, ahead, acc);
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) store(out[r][c], acc[r][c][0]), store(out[r][c] + 8, acc[r][c][1]);
   }
@@ -284,61 +303,6 @@ void run_blocks(const Problem& p, int64_t row0, int64_t block, int64_t count) {
   for (int64_t b = block; b < block + count;) {
     if (R <= 2 && block + count - b >= 2) run<R, 2>(p, row0, b), b += 2;
     else run<R, 1>(p, row0, b), b += 1;
-  }
-}
-
-// An int8 or int4 block's weights as float32 [kp][16] (the float32 layout), exactly: for calls of more than one pass
-// over the rows, which then read it (from L2) instead of widening the codes again on every pass.
-template <int T>
-inline void widen_code(const Codes& codes, float* wide) { store(wide + T * BLOCK, code<T>(codes)); }
-inline void widen_block(const Problem& p, int64_t block, float* wide) {
-  const char* w = static_cast<const char*>(p.w) + block * block_bytes(p.kind, p.kp);
-  if (p.kind == Kind::int8) {
-    for (int64_t e = 0; e < p.kp * BLOCK; e += 8) store(wide + e, widen_int8(reinterpret_cast<const int8_t*>(w) + e));
-    return;
-  }
-  for (int64_t g = 0; g < p.kp / GROUP; ++g)
-    for (int run = 0; run < 4; ++run)
-      for (int h = 0; h < 2; ++h) {
-        const Codes codes = load_codes(reinterpret_cast<const uint8_t*>(w) + g * INT4_RECORD + 64 + 32 * (2 * run + h));
-        float* into = wide + (g * GROUP + 8 * run) * BLOCK + 8 * h;
-        widen_code<0>(codes, into), widen_code<1>(codes, into), widen_code<2>(codes, into);
-        widen_code<3>(codes, into), widen_code<4>(codes, into), widen_code<5>(codes, into);
-        widen_code<6>(codes, into), widen_code<7>(codes, into);
-      }
-}
-
-// R rows from row0 times one block of int8 or int4 weights, widened in `wide`: the same chains.
-template <int R>
-void run_wide(const Problem& p, int64_t row0, int64_t block, const float* wide) {
-  const float* X = p.x + row0 * p.ldx;
-  float out[R][1][16];
-  if (p.kind == Kind::int4) {
-    const char* blocks[1] = {static_cast<const char*>(p.w) + block * block_bytes(p.kind, p.kp)};
-    dot_int4<R, 1, true>(X, p.ldx, p.kp / GROUP, p.sums + row0 * (p.kp / GROUP), blocks, false, out, wide);
-  } else {
-    const char* blocks[1] = {reinterpret_cast<const char*>(wide)};
-    V8 acc[R][1][2];
-    dot<Kind::f32, R, 1>(X, p.ldx, p.kp, blocks, false, acc);
-    for (int r = 0; r < R; ++r) store(out[r][0], acc[r][0][0]), store(out[r][0] + 8, acc[r][0][1]);
-  }
-  store_rows<R, 1>(p, row0, block * BLOCK, out);
-}
-
-inline void linear_blocks_wide(const Problem& p, int64_t b0, int64_t b1) {
-  std::vector<float> wide(p.kp * BLOCK);
-  for (int64_t block = b0; block < b1; ++block) {
-    widen_block(p, block, wide.data());
-    row_passes(p.m, max_rows(p.kind, true), [&](int64_t row0, int64_t rows) {
-      switch (rows) {
-        case 6: run_wide<6>(p, row0, block, wide.data()); break;
-        case 5: run_wide<5>(p, row0, block, wide.data()); break;
-        case 4: run_wide<4>(p, row0, block, wide.data()); break;
-        case 3: run_wide<3>(p, row0, block, wide.data()); break;
-        case 2: run_wide<2>(p, row0, block, wide.data()); break;
-        default: run_wide<1>(p, row0, block, wide.data()); break;
-      }
-    });
   }
 }
 
@@ -378,21 +342,24 @@ inline bool scale_inputs(const Problem& p, std::vector<float>& xs) {
   return true;
 }
 
-// From this many rows an int4 call widens each block once and runs float32 chains over it (`linear_blocks_wide`);
-// int8 from 5 (`max_rows` + 1). On the 2-core EPYC, 3 and 4 rows of int4 took 1.4x and 2.2x less time widened than
-// decoded per row block (whose 3 and 4 rows ran slower than 2), 2 rows 1.2x more.
-constexpr int64_t INT4_WIDE_ROWS = 3;
+}  // namespace stepwise_portable
+
+#include "linear_portable_tiles.h"
+
+namespace stepwise_portable {
 
 // Blocks [b0, b1) of the outputs, every row: what one thread does (threads split the outputs, never the inputs).
 inline void linear_blocks(const Problem& p, int64_t b0, int64_t b1) {
-  if (p.kind == Kind::int8 && p.m > max_rows(Kind::int8, false)) return linear_blocks_wide(p, b0, b1);
   if (p.kind == Kind::int4) {
     thread_local std::vector<float> xs;  // each thread scales the one or two rows itself: a few µs, no barrier
-    if (p.m >= INT4_WIDE_ROWS || !scale_inputs(p, xs)) return linear_blocks_wide(p, b0, b1);
+    if (p.m >= INT4_WIDE_ROWS || !scale_inputs(p, xs)) return linear_blocks_tiled(p, b0, b1);
     Problem scaled = p;
     scaled.x = xs.data(), scaled.ldx = p.kp;
     return linear_blocks_direct(scaled, b0, b1);
   }
+  // w4a8's records are compact (4 blocks of SmolLM2's layer: 23 KB), and passes over 4 blocks find them in L1
+  // anyway: tiles gained nothing there (0.96-0.98x at 8 and 16 rows)
+  if (p.m > max_rows(p.kind, false) && p.kind != Kind::w4a8) return linear_blocks_tiled(p, b0, b1);
   linear_blocks_direct(p, b0, b1);
 }
 

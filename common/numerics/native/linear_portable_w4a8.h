@@ -112,15 +112,17 @@ inline void quantize_rows(const float* X, int64_t m, int64_t ldx, int64_t kp, in
     }
 }
 
-// R rows x C blocks of records into acc[r][c][16]. A group's sums are integers (`Dot`), scaled into float32 once
-// per group; the records are read once per pass of up to `max_rows` rows.
+// R rows x C blocks of records, groups [g0, g1), into acc[r][c][16] (from +0 where g0 is 0, else going on from
+// acc). A group's sums are integers (`Dot`), scaled into float32 once per group; the records are read once per pass
+// of up to `max_rows` rows.
 template <int R, int C>
 void dot_w4a8(const int8_t* qa, int64_t kp, const float* qs, const char* const* blocks, bool ahead,
-              float (&acc)[R][C][16]) {
+              float (&acc)[R][C][16], int64_t g0 = 0, int64_t g1 = -1) {
   const int64_t groups = kp / GROUP;
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) std::fill(acc[r][c], acc[r][c] + 16, 0.0f);
-  for (int64_t g = 0; g < groups; ++g) {
+  if (g0 == 0)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) std::fill(acc[r][c], acc[r][c] + 16, 0.0f);
+  for (int64_t g = g0; g < (g1 < 0 ? groups : g1); ++g) {
     const uint8_t* records[C];
     group_records<C>(blocks, g, groups, ahead, records);
     Dot part[R][C][2];

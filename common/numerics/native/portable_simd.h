@@ -224,9 +224,16 @@ inline Dot dot_add(Dot acc, Bytes32 codes, int32_t x4) {
 inline V8 dot_value(Dot acc) { V8 r; for (int i = 0; i < 8; ++i) r.v[i] = static_cast<float>(acc.v[i]); return r; }
 #endif
 
+// Requests the line at p into L2 (x86 PREFETCHT1, ARM PRFM PLDL2KEEP), or with L1 into L1 as well (PREFETCHT0,
+// PLDL1KEEP). Into L2 is the rule: asked for kilobytes ahead, lines brought into L1 pushed out what the passes were
+// reading, the rows' inputs among them, and held L1's few miss buffers. On the 2-core Zen 4 (one thread, SmolLM2's
+// layer from memory, a shared machine: provisional), AVX2 build: one row of w4a8 about 1.7x and of int8 1.4x as
+// fast, 5 rows of bfloat16 1.6x. One or two rows of float32 weights, the densest stream, are the exception: into L2
+// they read at about 0.8x the rate; into L1, two blocks ahead, as before (docs/native-kernels.md, "verify rows").
+template <bool L1 = false>
 inline void prefetch(const void* p) {
 #if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 0, 3);
+  __builtin_prefetch(p, 0, L1 ? 3 : 2);
 #else
   (void)p;
 #endif
