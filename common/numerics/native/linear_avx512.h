@@ -24,7 +24,11 @@ namespace {
 
 #ifdef STEPWISE_AVX512
 constexpr int AVX_ROWS = 6, AVX_BLOCKS = 4;  // 24 accumulators of the 32 registers
-constexpr int64_t AVX_PREFETCH_BYTES = 1024;  // how far ahead of its loads each block's weights are requested
+// How far ahead of its loads each block's weights are requested, into L2 (PREFETCHT1). Into L1 (T0), one row of
+// bfloat16 read its weights at about 0.7x the rate on the 2-core Zen 4 (weights from memory, one thread, shared
+// machine: provisional), and 5 rows cost 1.5x as much: the requests held L1's few miss buffers, the loads waited for
+// them. int8 and int4 moved less (docs/native-kernels.md, "verify rows").
+constexpr int64_t AVX_PREFETCH_BYTES = 1024;
 // Each thread takes one contiguous run of blocks (at::parallel_for splits [0, blocks) evenly: SmolLM2's 576
 // outputs are 36 blocks, 18 a thread) and goes through it AVX_BLOCKS blocks at a time, then 2, then 1. The blocks
 // of a group are independent accumulator chains, and one row needs them: each VDPBF16PS waits for the one before
@@ -43,13 +47,14 @@ constexpr int64_t AVX_PREFETCH_BYTES = 1024;  // how far ahead of its loads each
 // the scales' prefetch below too; again 6.56 -> 6.32 with both); bfloat16 10.85 -> 10.79 and 10.93 -> 10.91;
 // 32 requests, bfloat16 31.10 -> 30.98, int8 with both 28.65 -> 28.16.
 template <typename Run>
-void for_block_groups(int64_t blocks, const Run& run, int64_t align = 1) {
+void for_block_groups(int64_t blocks, const Run& run, int64_t align = 1, int64_t most = AVX_BLOCKS) {
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t block = b0; block < b1;) {
       const int64_t left = b1 - block, to_aligned = (align - block % align) % align;
       if (to_aligned >= 2 && left >= 2) run(std::integral_constant<int, 2>(), block), block += 2;
       else if (to_aligned == 1) run(std::integral_constant<int, 1>(), block), block += 1;
-      else if (left >= AVX_BLOCKS) run(std::integral_constant<int, AVX_BLOCKS>(), block), block += AVX_BLOCKS;
+      else if (most >= AVX_BLOCKS && left >= AVX_BLOCKS)
+        run(std::integral_constant<int, AVX_BLOCKS>(), block), block += AVX_BLOCKS;
       else if (left >= 2) run(std::integral_constant<int, 2>(), block), block += 2;
       else run(std::integral_constant<int, 1>(), block), block += 1;
     }
@@ -85,7 +90,7 @@ struct Int8Pairs {
 template <typename Pairs>
 inline void prefetch_line(const void* block, int64_t p, int64_t stride) {
   _mm_prefetch(static_cast<const char*>(block) + (p * Pairs::bytes_per_pair + AVX_PREFETCH_BYTES) / 64 * stride,
-               _MM_HINT_T0);
+               _MM_HINT_T1);
 }
 
 // Four inputs (2p .. 2p + 3) of a block's 16 outputs, as float32: bfloat16 is float32's upper half, so the
@@ -222,7 +227,7 @@ void multiply_int4_rows(const uint32_t* X, int64_t kp, const uint8_t* const* rec
     for (int c = 0; c < C; ++c)
       for (int l = 0; l < INT4_RECORD; l += 64)
         _mm_prefetch(reinterpret_cast<const char*>(records[c] + g * INT4_RECORD) + PREFETCH_INT4_CHUNKS * INT4_RECORD
-                     + l, _MM_HINT_T0);
+                     + l, _MM_HINT_T1);
     __m512 part[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) part[r][c] = _mm512_setzero_ps();
@@ -249,7 +254,12 @@ void multiply_int4_rows(const uint32_t* X, int64_t kp, const uint8_t* const* rec
   }
 }
 
-constexpr int INT4_ROWS = 4;  // x AVX_BLOCKS blocks: 16 group accumulators, 8 weight vectors, a broadcast
+// Rows a pass: 4 x AVX_BLOCKS blocks (16 group accumulators, 8 weight vectors, a broadcast), or 8 x 2 blocks. Calls
+// of 5 to 8 rows take blocks two at a time and run one pass over them, each record decoded once for all its rows:
+// against passes of 4 over 4 blocks (which decode every record twice), 1.04-1.10x at 5-8 rows on the 2-core Zen 4
+// (weights from memory, one thread, alternated in one process). The bfloat16 and int8 kernels above gained nothing
+// from it (their blocks interleave in fours, and 2 of 4 read half of every 256 bytes).
+constexpr int INT4_ROWS = 4, INT4_WIDE_ROWS = 8;
 
 // x [m, kp] (bfloat16 pairs) times int4 records [blocks][kp / 32][INT4_RECORD]; `sums` [m][kp / 32].
 void linear_int4_avx512(const uint32_t* X, int64_t m, int64_t kp, const uint8_t* W, int64_t blocks,
@@ -259,12 +269,17 @@ void linear_int4_avx512(const uint32_t* X, int64_t m, int64_t kp, const uint8_t*
     constexpr int C = decltype(blocks_constant)::value;
     const uint8_t* records[C];
     for (int c = 0; c < C; ++c) records[c] = W + (first + c) * block_records;
-    alignas(64) float acc[INT4_ROWS][C][16];
-    for (int64_t row0 = 0; row0 < m; row0 += INT4_ROWS) {
-      const int rows = static_cast<int>(std::min<int64_t>(INT4_ROWS, m - row0));
+    constexpr int ROWS = C <= 2 ? INT4_WIDE_ROWS : INT4_ROWS;
+    alignas(64) float acc[ROWS][C][16];
+    for (int64_t row0 = 0; row0 < m; row0 += ROWS) {
+      const int rows = static_cast<int>(std::min<int64_t>(ROWS, m - row0));
       const uint32_t* Xr = X + row0 * (kp / 2);
       const float* Sr = sums + row0 * (kp / 32);
       switch (rows) {
+        case 8: if constexpr (ROWS >= 8) multiply_int4_rows<8, C>(Xr, kp, records, Sr, acc); break;
+        case 7: if constexpr (ROWS >= 7) multiply_int4_rows<7, C>(Xr, kp, records, Sr, acc); break;
+        case 6: if constexpr (ROWS >= 6) multiply_int4_rows<6, C>(Xr, kp, records, Sr, acc); break;
+        case 5: if constexpr (ROWS >= 5) multiply_int4_rows<5, C>(Xr, kp, records, Sr, acc); break;
         case 4: multiply_int4_rows<4, C>(Xr, kp, records, Sr, acc); break;
         case 3: multiply_int4_rows<3, C>(Xr, kp, records, Sr, acc); break;
         case 2: multiply_int4_rows<2, C>(Xr, kp, records, Sr, acc); break;
@@ -276,7 +291,7 @@ void linear_int4_avx512(const uint32_t* X, int64_t m, int64_t kp, const uint8_t*
         for (int r = 0; r < rows; ++r) store_rows(&acc[r][c], 1, nullptr, O + (row0 + r) * n + col, n, cols);
       }
     }
-  });
+  }, 1, m > INT4_ROWS && m <= INT4_WIDE_ROWS ? 2 : AVX_BLOCKS);
 }
 #endif
 
