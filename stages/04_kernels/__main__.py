@@ -15,7 +15,8 @@ if __name__ == "__main__":
     ap = parser(__doc__)
     ap.add_argument("--kernels", action="store_true",
                     help="each fused op as the reference, textbook torch and the fused kernel, then (on CPU) the "
-                         "linears as torch float32, the old torch path and ours: bits and µs per call")
+                         "linears as torch float32, the old torch path and ours: bits and µs per call; and ours at "
+                         "1, 2, 5 and 8 rows (a verify step's)")
     ap.add_argument("--gpu-check", action="store_true",
                     help="on a CUDA machine: the kernel tests compiled, timings, every stage's tokens on the GPU")
     ap.add_argument("--fusion", action="store_true", help="tensor ops and bytes moved per decode step, 03 vs 04")
@@ -33,7 +34,9 @@ if __name__ == "__main__":
         kernel_bench(device, parse_dtype(args.dtype))
         if device == "cpu":
             from stages.kernels.linear_bench import main as linear_bench
+            from stages.kernels.rows_bench import main as rows_bench
             linear_bench()
+            rows_bench()
         sys.exit(0)
     Console().print(f"[bold]stage 04 path:[/] {describe_path(resolve_device(args.device))}")
     run(["stages.03_paged_kv", "stages.04_kernels"] if args.compare else ["stages.04_kernels"], args)
