@@ -24,10 +24,11 @@ namespace {
 
 #ifdef STEPWISE_AVX512
 constexpr int AVX_ROWS = 6, AVX_BLOCKS = 4;  // 24 accumulators of the 32 registers
-// How far ahead of its loads each block's weights are requested, into L2 (PREFETCHT1). Into L1 (T0), one row of
-// bfloat16 read its weights at about 0.7x the rate on the 2-core Zen 4 (weights from memory, one thread, shared
-// machine: provisional), and 5 rows cost 1.5x as much: the requests held L1's few miss buffers, the loads waited for
-// them. int8 and int4 moved less (docs/native-kernels.md, "verify rows").
+// How far ahead of its loads each block's weights are requested: bfloat16 and int4 into L2 (PREFETCHT1), int8 into
+// L1. Into L1, one row of bfloat16 read its weights at about 0.7x the rate on the 2-core Zen 4 (weights from memory,
+// one thread, shared machine: provisional), and 5 rows cost 1.5x as much: the requests held L1's few miss buffers,
+// the loads waited for them. int4 gained about 1.1x into L2; int8, whose widening spaces its loads out, lost at one
+// and two rows (0.96x, 0.9x) and stays (docs/native-kernels.md, "verify rows").
 constexpr int64_t AVX_PREFETCH_BYTES = 1024;
 // Each thread takes one contiguous run of blocks (at::parallel_for splits [0, blocks) evenly: SmolLM2's 576
 // outputs are 36 blocks, 18 a thread) and goes through it AVX_BLOCKS blocks at a time, then 2, then 1. The blocks
@@ -66,6 +67,7 @@ void for_block_groups(int64_t blocks, const Run& run, int64_t align = 1, int64_t
 // `stride` bytes apart: 64 where each block is contiguous, 64 x interleave where `pack` interleaved blocks.
 struct Bf16Pairs {
   static constexpr int64_t bytes_per_pair = 64;
+  static constexpr bool into_l2 = true;  // `AVX_PREFETCH_BYTES` says why
   static void load(const void* block, int64_t p, int64_t stride, __m512i& a, __m512i& b) {
     const auto* w = static_cast<const char*>(block) + p * stride;
     a = _mm512_loadu_si512(w), b = _mm512_loadu_si512(w + stride);
@@ -74,6 +76,7 @@ struct Bf16Pairs {
 
 struct Int8Pairs {
   static constexpr int64_t bytes_per_pair = 32;
+  static constexpr bool into_l2 = false;
   static void load(const void* block, int64_t p, int64_t stride, __m512i& a, __m512i& b) {
     const __m512i s = _mm512_loadu_si512(static_cast<const char*>(block) + p / 2 * stride);
     const __m512i low0 = _mm512_load_si512(kWidening.low), low1 = _mm512_load_si512(kWidening.low + 64);
@@ -89,8 +92,9 @@ struct Int8Pairs {
 // below (two pairs: one line of int8, two of bfloat16, of which the hardware prefetcher finds the other).
 template <typename Pairs>
 inline void prefetch_line(const void* block, int64_t p, int64_t stride) {
-  _mm_prefetch(static_cast<const char*>(block) + (p * Pairs::bytes_per_pair + AVX_PREFETCH_BYTES) / 64 * stride,
-               _MM_HINT_T1);
+  const char* line = static_cast<const char*>(block) + (p * Pairs::bytes_per_pair + AVX_PREFETCH_BYTES) / 64 * stride;
+  if constexpr (Pairs::into_l2) _mm_prefetch(line, _MM_HINT_T1);
+  else _mm_prefetch(line, _MM_HINT_T0);
 }
 
 // Four inputs (2p .. 2p + 3) of a block's 16 outputs, as float32: bfloat16 is float32's upper half, so the
