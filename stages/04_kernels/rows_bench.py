@@ -54,14 +54,18 @@ def layers(kind: str, gen: torch.Generator) -> list[list]:
     return copies
 
 
+def alone_equals_together(lins: list, inputs: list[torch.Tensor]) -> bool:
+    """Whether every row's outputs, called alone, are the bits it got in the call of all the rows."""
+    return all(torch.equal(lin.matmul(x[r:r + 1])[0], y[r])
+               for lin, x in zip(lins, inputs) for y in [lin.matmul(x)] for r in range(x.shape[0]))
+
+
 def measure(kind: str, gen: torch.Generator) -> dict:
     copies = layers(kind, gen)
     dtype = torch.float32 if kind == "float32" else torch.bfloat16
     inputs = {rows: [torch.randn(rows, i, generator=gen).to(dtype) for _, i in LAYER] for rows in ROWS}
-    first, last = copies[0], max(ROWS)
-    together = [lin.matmul(x) for lin, x in zip(first, inputs[last])]
-    same = all(torch.equal(lin.matmul(x[r:r + 1])[0], y[r])
-               for lin, x, y in zip(first, inputs[last], together) for r in range(last))
+    first = copies[0]
+    same = alone_equals_together(first, inputs[max(ROWS)])
     times = {rows: [] for rows in ROWS}
     for p in range(PASSES):
         for rows in ROWS if p % 2 == 0 else ROWS[::-1]:
