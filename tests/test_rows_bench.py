@@ -1,14 +1,11 @@
 """stages/04_kernels/rows_bench.py (`python -m stages.04_kernels --kernels`, the linears at 1, 2, 5 and 8 rows): each
 precision timed at every row count on the kernel this machine runs, named as the engine names it, with the check that
 a row's bits alone equal its bits in the call; the check itself catches a linear whose rows' sums meet."""
-import importlib
-
 import pytest
 import torch
 
 from common.numerics import native
-
-bench = importlib.import_module("stages.04_kernels.rows_bench")
+from stages.kernels import rows_bench as bench
 
 
 @pytest.mark.parametrize("kind", bench.PRECISIONS)
