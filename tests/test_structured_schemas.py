@@ -161,11 +161,14 @@ def test_the_vendored_sample_compiles_or_is_refused_by_name_and_some_generate_va
         except InvalidParam as e:
             assert " at #" in str(e) or "cannot compile it" in str(e), (name, str(e))
     assert len(served) >= 30
-    params = [SamplingParams(temperature=0, max_tokens=80, structured_outputs={"json": s, "disable_any_whitespace":
-                                                                                True}) for s in served[:8]]
+    params = [SamplingParams(temperature=0, max_tokens=150, structured_outputs={"json": s, "disable_any_whitespace":
+                                                                                 True}) for s in served]
+    ended = 0
     for p, out in zip(params, llm.generate([[5, 6]] * len(params), params)):
         if out.finish_reason == "stop":
+            ended += 1
             assert valid(p.structured_outputs.schema, out.text), out.text
+    assert ended >= 3  # the random model runs long on most; enough end to check
 
 
 def test_deep_schemas_pass_through_response_format():
