@@ -178,7 +178,7 @@ def test_rollback_after_a_rejected_draft_leaves_the_matcher_where_one_at_a_time_
 @pytest.mark.parametrize("so, why", [
     ({"json": '{"type": "object", '}, "not valid JSON"),
     ({"json": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}, "'uniqueItems' at #:"),
-    ({"json": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}, "'not' at #/properties/a:"),
+    ({"json": {"type": "object", "properties": {"a": {"not": {"pattern": "^x"}}}}}, "'not' at #/properties/a:"),
     ({"json": {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}}, "'if' at #:"),
     ({"json": {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}}, "its branches may overlap"),
     ({"json": {"$ref": "https://example.com/schema.json"}}, "nothing is downloaded"),

@@ -82,6 +82,8 @@ def both(a, b, resolve):
     """Two schemas for one property: their merge, or their ``allOf`` left for the backend."""
     if a is True or b is True:
         return b if a is True else a
+    if a is False or b is False:
+        return False
     if isinstance(a, dict) and isinstance(b, dict):
         merged = merge_all_of({"allOf": [a, b]}, resolve)
         return merged if merged is not None else {"allOf": [a, b]}

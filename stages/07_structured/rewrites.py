@@ -22,6 +22,7 @@ from . import formats
 from .allof import merge_all_of
 from .drafts import draft_of, to_2020
 from .keywords import REFUSED, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, is_annotation
+from .negation import without_dependency, without_not
 from .oneof import one_of_as_any_of
 
 MAX_DEPTH = 64  # subschemas inside subschemas; JSONSchemaBench's deepest needs 30-some
@@ -105,9 +106,16 @@ class Walk:
                 out[key] = value
         return self.rewrite(out, ptr, depth)
 
-    def rewrite(self, out: dict, ptr: str, depth: int) -> dict:
+    def rewrite(self, out: dict, ptr: str, depth: int) -> dict | bool:
         if "enum" in out or "const" in out:
             out = self.values_only(out, ptr)
+        if "not" in out:
+            out = without_not(out)
+            if out is False:
+                self.out.rewritten["not as false"] += 1
+                return False
+        if "dependentRequired" in out:
+            out = without_dependency(out)
         if "allOf" in out:
             merged = merge_all_of(out, lambda ref: self.target(ref, depth))
             if merged is not None:
