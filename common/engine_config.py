@@ -62,7 +62,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class StructuredOutputsConfig:
-    backend: str = "auto"  # 'fsm' (the hand-written automaton), 'xgrammar', or 'auto'
+    backend: str = "auto"  # 'auto', 'xgrammar', 'guidance' (llguidance) or 'fsm' (the hand-written automaton)
     num_forced_tokens: int = 16  # the most tokens a grammar may force into one step of a request (0: none)
 
 
@@ -81,7 +81,8 @@ class EngineConfig:
                kv_cache_memory_bytes: int | None = None, max_num_batched_tokens: int = 512,
                enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, enable_preemption: bool = True,
                fused_attention: bool = False, max_waiting: int = 256, speculative_config=None,
-               num_forced_tokens: int = 16, structured_outputs_backend: str = "auto") -> EngineConfig:
+               num_forced_tokens: int = 16, structured_outputs_config: dict | None = None,
+               structured_outputs_backend: str | None = None) -> EngineConfig:
         """Check every option (a wrong one raises `InvalidParam` naming it) and resolve the model's folder and
         context; the weights are not read."""
         if max_model_len is not None:
@@ -101,9 +102,7 @@ class EngineConfig:
                                f">= max_num_seqs={max_num_seqs}, or some running requests could never decode")
         check_int("max_waiting", max_waiting, 1)
         check_int("num_forced_tokens", num_forced_tokens, 0, 256)
-        if structured_outputs_backend not in ("auto", "fsm", "xgrammar"):
-            raise InvalidParam("structured_outputs_backend", f"structured_outputs_backend="
-                               f"{clip(structured_outputs_backend)} is invalid: use 'auto', 'fsm' or 'xgrammar'")
+        backend = structured_backend(structured_outputs_config, structured_outputs_backend)
         speculative = SpeculativeConfig.parse(speculative_config)
         if speculative is not None:
             speculative.check_budget(max_num_batched_tokens)
@@ -116,7 +115,22 @@ class EngineConfig:
         return cls(ModelOptions(str(folder), parse_dtype(dtype), device, context, quantization, seed, batch_invariant),
                    SchedulerConfig(max_num_seqs, max_num_batched_tokens, context, enable_chunked_prefill,
                                    enable_preemption, max_waiting),
-                   cache, speculative, StructuredOutputsConfig(structured_outputs_backend, num_forced_tokens))
+                   cache, speculative, StructuredOutputsConfig(backend, num_forced_tokens))
+
+
+BACKENDS = ("auto", "xgrammar", "guidance", "fsm")  # vLLM's names (its "guidance" is llguidance)
+
+
+def structured_backend(config: dict | None, backend: str | None) -> str:
+    """vLLM's ``structured_outputs_config={"backend": ...}`` (or the older flat keyword): the grammar backend."""
+    if config is not None and (not isinstance(config, dict) or set(config) - {"backend"}):
+        raise InvalidParam("structured_outputs_config", f"structured_outputs_config={clip(config)} is invalid: give "
+                                                        f'{{"backend": one of {", ".join(BACKENDS)}}}')
+    name = (config or {}).get("backend", backend if backend is not None else "auto")
+    if name not in BACKENDS:
+        raise InvalidParam("structured_outputs_config", f"structured_outputs_config.backend={clip(name)} is invalid: "
+                                                        f"use {', '.join(map(repr, BACKENDS))}")
+    return name
 
 
 def kv_budget(kv_cache_memory, kv_cache_memory_bytes, device: torch.device):

@@ -90,7 +90,7 @@ def test_response_format_json_schema_and_a_regex_finish_in_their_language(server
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "not valid JSON"),
     ({"structured_outputs": {"choice": ["a"], "regex": "b"}}, "structured_outputs", "exactly one"),
     ({"structured_outputs": {"json": {"type": "array", "uniqueItems": True}}}, "structured_outputs",
-     "'uniqueItems' at $ is not enforced"),
+     "'uniqueItems' at #: xgrammar does not enforce it"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}},
      "structured_outputs", 'Unsupported type "bogus"'),
     ({"structured_outputs": {"regex": "a(?=b)"}}, "structured_outputs", "Lookahead is not supported"),

@@ -1,9 +1,10 @@
-"""python -m stages.07_structured [demo | serve --host H --port P]
+"""python -m stages.07_structured [demo | serve --host H --port P | coverage [--out F.json] [--generate N]]
 
 demo: the schema suite (30 constrained requests) on SmolLM2 with every output checked, the tokens the grammar forced
 (steps with and without), the mask's cost per request per step, and the time per output token with and without a
 constraint at each --in-flight limit; serve: stage 05's OpenAI-compatible server on this stage's engine
-(response_format json_schema / json_object, vLLM's structured_outputs)."""
+(response_format json_schema / json_object, vLLM's structured_outputs); coverage: JSONSchemaBench's schemas
+compiled by each backend, and with --generate N greedy outputs validated (coverage.py)."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ from stages.structured.suite import CASES
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("command", nargs="?", default="demo", choices=["demo", "serve"])
+    ap.add_argument("command", nargs="?", default="demo", choices=["demo", "serve", "coverage"])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto", type=device_arg)
@@ -32,12 +33,21 @@ def main(argv=None) -> None:
     ap.add_argument("--num-forced-tokens", type=int, default=16, help="most forced tokens fed in one step (0: none)")
     ap.add_argument("--in-flight", default="1,64", help="demo: the in-flight limits the time per token is taken at")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
+    ap.add_argument("--structured-outputs-config.backend", dest="backend", default="auto",
+                    choices=["auto", "xgrammar", "guidance", "fsm"], help="the grammar backend (vLLM's names)")
+    ap.add_argument("--out", default=None, help="coverage: write the report (JSON) there")
+    ap.add_argument("--limit", type=int, default=None, help="coverage: the first N schemas of each split")
+    ap.add_argument("--splits", default=None, help="coverage: these splits only (comma-separated)")
+    ap.add_argument("--generate", type=int, default=0, help="coverage: greedy outputs for N schemas, validated")
+    ap.add_argument("--auto-only", action="store_true", help="coverage: xgrammar only where llguidance refuses")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--api-key", default=None)
     xray.add_arguments(ap)  # demo: the schema suite's runs with forced tokens
     args = ap.parse_args(argv)
+    if args.command == "coverage":
+        return coverage_command(args)
     try:
         llm = make_llm(args)
     except InvalidParam as e:
@@ -58,8 +68,18 @@ def main(argv=None) -> None:
 def make_llm(args, **changes) -> LLM:
     """This stage's engine with the command line's options (``changes``: another in-flight limit, no forced tokens)."""
     options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
-                   num_forced_tokens=args.num_forced_tokens)
+                   num_forced_tokens=args.num_forced_tokens, structured_outputs_config={"backend": args.backend})
     return LLM(args.model, **{**options, **changes})
+
+
+def coverage_command(args) -> None:
+    """Compiling needs the tokenizer only; the model loads for --generate."""
+    from common.config import ModelConfig
+    from common.prepare import resolve_model
+    from stages.structured.coverage import main as coverage
+    folder = str(resolve_model(args.model))
+    config = ModelConfig.from_folder(folder)
+    coverage(args, make_llm, folder, config.vocab_size, tuple(sorted(config.eos_token_ids or [config.eos_token_id])))
 
 
 def demo(llm, plain_llm, args, console: Console, recorder=None) -> None:

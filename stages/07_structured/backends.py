@@ -5,7 +5,9 @@ per tokenizer); a matcher is one request's position in it: ``fill()`` the allowe
 xgrammar's layout), ``accept(token)``, ``rollback(n)``, ``is_terminated()`` (an EOS was accepted where the grammar
 may end), and ``forced_text()``, the text every match must continue with from here (xgrammar's jump-forward
 string). ``choice`` and the patterns regex.py reads go to the hand-written automaton (fsm.py); JSON schemas,
-``json_object``, EBNF grammars and other patterns to xgrammar (Dong et al. 2024), the backend vLLM defaults to.
+``json_object``, EBNF grammars and other patterns to xgrammar (Dong et al. 2024, backend_xgrammar.py), the backend
+vLLM defaults to, and llguidance (backend_guidance.py); ``auto`` takes the first of them that enforces the whole
+constraint, as vLLM's ``auto`` falls back from one to the other.
 """
 from __future__ import annotations
 
@@ -16,15 +18,22 @@ from collections import OrderedDict
 import numpy as np
 
 from common.sampling import StructuredOutputsParams
-from common.validate import InvalidParam, clip
+from common.validate import InvalidParam
 
 from .fsm import DFA, NFA, Trie, allowed_tokens, pack
 from .regex import Unsupported, literal, parse
-from .schema_check import unsupported_keywords, xgrammar_reason
+from .backend_guidance import compile_guidance, guidance_tokenizer
+from .backend_xgrammar import compile_xgrammar, xgrammar_compiler
+from .rewrites import Refused
+from .schema_check import xgrammar_reason
 from .vocab import token_bytes
 
 TERMINATED = -2  # the matcher's state after an EOS at the end of a match
 CACHE_SIZE = 256  # compiled grammars kept per tokenizer
+# auto's order. A JSON schema goes to llguidance first: on JSONSchemaBench it compiles 10-100 times faster than
+# xgrammar 0.2.9 (Snowplow's long maxLength strings took xgrammar seconds) and enforces more (allOf, a length beside
+# a pattern); xgrammar takes what llguidance refuses. EBNF grammars are xgrammar's dialect, so xgrammar first there.
+AUTO_ORDER = {"json": ("guidance", "xgrammar")}
 
 
 class FSMGrammar:
@@ -93,41 +102,6 @@ class FSMMatcher:
         return "" if s == TERMINATED else self.grammar.forced_text(s)
 
 
-class XGrammarGrammar:
-    backend = "xgrammar"
-
-    def __init__(self, compiled, vocab_size: int):
-        self.compiled, self.vocab_size = compiled, vocab_size
-
-    def matcher(self) -> XGrammarMatcher:
-        return XGrammarMatcher(self)
-
-
-class XGrammarMatcher:
-    def __init__(self, grammar: XGrammarGrammar):
-        import xgrammar as xgr
-        self.xgr, self.m = xgr, xgr.GrammarMatcher(grammar.compiled)
-        self.words = -(-grammar.vocab_size // 32)
-
-    def fill(self) -> np.ndarray:
-        import torch
-        bitmask = torch.empty((1, self.words), dtype=torch.int32)
-        self.m.fill_next_token_bitmask(bitmask)
-        return bitmask.numpy()[0]
-
-    def accept(self, token: int) -> bool:
-        return not self.m.is_terminated() and self.m.accept_token(token)
-
-    def rollback(self, n: int) -> None:
-        self.m.rollback(n)
-
-    def is_terminated(self) -> bool:
-        return self.m.is_terminated()
-
-    def forced_text(self) -> str:
-        return "" if self.m.is_terminated() else self.m.find_jump_forward_string()
-
-
 class Grammars:
     """One tokenizer's compiled constraints (an LRU cache), its token trie and its xgrammar compiler."""
 
@@ -142,16 +116,14 @@ class Grammars:
 
     @functools.cached_property
     def compiler(self):
-        """xgrammar's compiler over this vocabulary: special tokens as empty strings, which xgrammar never allows
-        inside a structure (given as text, ``<|im_start|>`` would be allowed inside a JSON string)."""
-        import xgrammar as xgr
-        vocab = [b if b is not None else b"" for b in self.vocab]
-        info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=self.vocab_size,
-                                 stop_token_ids=self.eos_ids)
-        return xgr.GrammarCompiler(info, max_threads=1)
+        return xgrammar_compiler(self.vocab, self.vocab_size, self.eos_ids)
+
+    @functools.cached_property
+    def guidance(self):
+        return guidance_tokenizer(self.folder, self.vocab_size, self.eos_ids)
 
     def compile(self, so: StructuredOutputsParams, backend: str = "auto"):
-        """The compiled constraint (cached); `InvalidParam` with the backend's reason when it cannot compile."""
+        """The compiled constraint (cached); `InvalidParam` with the reason when it cannot be enforced."""
         key = (so.kind, json.dumps(so.schema, sort_keys=True) if so.kind == "json" else repr(getattr(so, so.kind)),
                so.disable_any_whitespace, backend)
         if key in self.cache:
@@ -163,7 +135,10 @@ class Grammars:
             self.cache.popitem(last=False)
         return grammar
 
-    def build(self, so: StructuredOutputsParams, backend: str):
+    def build(self, so: StructuredOutputsParams, backend: str = "auto"):
+        """The one compile entry: ``backend`` "fsm", "xgrammar", "guidance", or "auto" (the hand-written automaton
+        for a choice or a simple pattern, then the backends in ``AUTO_ORDER``: the first that enforces the whole
+        constraint). `InvalidParam` naming the keyword, its place and why when none does."""
         if so.kind in ("choice", "regex") and backend in ("auto", "fsm"):
             try:
                 tree = ("alt", [literal(c) for c in so.choice]) if so.kind == "choice" else parse(so.regex)
@@ -171,26 +146,22 @@ class Grammars:
             except Unsupported as e:
                 if backend == "fsm":
                     raise InvalidParam("structured_outputs", f"structured_outputs.regex: {e}") from None
-        try:
-            return XGrammarGrammar(self.xgrammar(so), self.vocab_size)
-        except (RuntimeError, ValueError) as e:
-            raise InvalidParam("structured_outputs", f"structured_outputs.{so.kind}: xgrammar cannot compile it: "
-                                                     f"{clip(xgrammar_reason(e), 300)}") from None
-
-    def xgrammar(self, so: StructuredOutputsParams):
-        c = self.compiler
-        if so.kind == "json":
-            schema = so.schema
-            for problem in unsupported_keywords(schema, c):
-                raise InvalidParam("structured_outputs", f"structured_outputs.json: {problem}")
-            return c.compile_json_schema(json.dumps(schema), any_whitespace=not so.disable_any_whitespace)
-        if so.kind == "json_object":  # vLLM's: an object (the builtin JSON grammar would take any value)
-            return c.compile_json_schema('{"type": "object"}', any_whitespace=not so.disable_any_whitespace)
-        if so.kind == "regex":
-            return c.compile_regex(so.regex)
-        if so.kind == "choice":  # only when the hand-written backend is not wanted
-            return c.compile_grammar("root ::= " + " | ".join(json.dumps(x) for x in so.choice))
-        return c.compile_grammar(so.grammar)
+        tries = AUTO_ORDER.get(so.kind, ("xgrammar", "guidance")) if backend == "auto" else \
+            ("guidance",) if backend == "guidance" else ("xgrammar",)
+        reasons = []
+        for name in tries:
+            try:
+                if name == "xgrammar":
+                    return compile_xgrammar(self.compiler, so, self.vocab_size)
+                return compile_guidance(self.guidance, so, self.vocab_size, self.eos_ids)
+            except Refused as e:
+                reasons.append(f"{name}: {e}")
+            except (RuntimeError, ValueError) as e:
+                reasons.append(f"{name} cannot compile it: {xgrammar_reason(e)[:300]}")
+            except RecursionError:
+                reasons.append(f"{name}: the schema is nested too deeply to read")
+        raise InvalidParam("structured_outputs", f"structured_outputs.{so.kind}: "
+                           f"{'no backend enforces it: ' if len(reasons) > 1 else ''}{'; '.join(reasons)}")
 
 
 @functools.cache

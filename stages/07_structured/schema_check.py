@@ -1,94 +1,65 @@
-"""The JSON-schema keywords xgrammar enforces, and a refusal for every other one.
+"""What xgrammar enforces of a cleaned schema (rewrites.py), and a `Refused` for the rest.
 
-xgrammar compiles a schema with a keyword it does not enforce (``uniqueItems``, ``not``, ``allOf``, ``if``, an
-unknown ``format``) without a word, and the output may then break the schema: "every output validates" would be
-false. Some pairs of enforced keywords lose one of the two, with a log line at most: ``minLength``/``maxLength`` beside
-a ``pattern`` or a ``format`` (an email with ``maxLength: 40`` could run on until ``max_tokens``), a ``pattern``
-beside a ``format``, ``multipleOf`` beside a range, and everything beside ``enum``/``const`` but the listed values
-(of any type). So a schema is read first and a keyword outside this list, or such a pair, is refused by name and
-place, the way vLLM refuses the features xgrammar lacks.
-Each enforced keyword was checked against xgrammar 0.2.9 (tests/test_structured.py).
+xgrammar compiles a schema with a keyword it does not enforce (``uniqueItems``, ``not``, ``allOf``, ``if``) without
+a word, and the output may then break the schema: "every output validates" would be false. Some pairs of enforced
+keywords lose one of the two, with a log line at most: ``minLength``/``maxLength`` beside a ``pattern`` or a
+``format`` (an email with ``maxLength: 40`` could run on until ``max_tokens``), a ``pattern`` beside a ``format``,
+``multipleOf`` beside a range. So the cleaned schema is read first and a constraint outside this list, or such a
+pair, is refused by name and place (``auto`` then asks llguidance, which may enforce it). Each enforced keyword was
+checked against xgrammar 0.2.9 (tests/test_structured.py).
 """
 from __future__ import annotations
 
-ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-               "readOnly", "writeOnly"}
+from .keywords import CONSTRAINTS, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE
+from .rewrites import Refused
+
 ENFORCED = {"type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const",
             "anyOf", "$ref", "$defs", "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
             "minLength", "maxLength", "pattern", "format", "minItems", "maxItems", "minProperties", "maxProperties",
             "patternProperties", "propertyNames", "multipleOf"}
-FORMATS = {"email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri",
-           "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"}
-SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")  # name -> schema
-SUBSCHEMAS = ("items", "additionalProperties", "propertyNames")  # a schema (or a bool)
-SUBSCHEMA_LISTS = ("anyOf", "prefixItems")
 RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-BESIDE_VALUES = ENFORCED - {"type", "enum", "const", "$defs", "definitions"}  # dropped beside enum/const
-JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),),
-              "object": (dict,), "array": (list,)}
+WHY = {"oneOf": "its branches may overlap (xgrammar would read it as anyOf, which allows a value matching two)",
+       "allOf": "its branches do not merge into one schema (xgrammar would skip it)"}
 
 
-def unsupported_keywords(schema, compiler=None, path: str = "$") -> list[str]:
-    """What in ``schema`` xgrammar would not enforce, each with its place (``$.properties.tags``); empty when all is
-    enforced. A ``pattern`` is compiled alone with ``compiler`` (xgrammar ignores a look-ahead inside a schema with a
-    warning, but refuses it in a regex, with its reason)."""
-    if isinstance(schema, bool):
-        return []
+def xgrammar_refusals(schema, compiler=None, ptr: str = "") -> list[Refused]:
+    """What in the cleaned ``schema`` xgrammar would not enforce, each with its place; empty when all is enforced.
+    A ``pattern`` is compiled alone with ``compiler`` (xgrammar ignores a look-ahead inside a schema with a warning,
+    but refuses it in a regex, with its reason)."""
     if not isinstance(schema, dict):
-        return [f"{path} is {type(schema).__name__}, not a schema (an object)"]
+        return []
     problems = []
     for key, value in schema.items():
-        where = f"{path}.{key}"
-        if key not in ENFORCED | ANNOTATIONS:
-            problems.append(f"the keyword {key!r} at {path} is not enforced by xgrammar (it would be ignored, and the "
-                            f"output could break it): remove it, or check it after parsing")
-        elif key == "format" and value not in FORMATS:
-            problems.append(f"the format {value!r} at {path} is not enforced by xgrammar; it enforces "
-                            f"{', '.join(sorted(FORMATS))}")
+        where = f"{ptr}/{key}"
+        if key in CONSTRAINTS and key not in ENFORCED:
+            problems.append(Refused(key, ptr, WHY.get(key, "xgrammar does not enforce it (it would be ignored, "
+                                                            "and the output could break it)")))
         elif key in ("pattern", "format") and {"minLength", "maxLength"} & schema.keys():
-            problems.append(f"minLength/maxLength at {path} beside a {key} are not enforced by xgrammar (it keeps the "
-                            f"{key} and drops the length): bound the length inside a pattern instead, e.g. "
-                            f"[a-z]{{1,40}}")
+            problems.append(Refused("minLength/maxLength", ptr, f"beside a {key} they are not enforced by xgrammar "
+                                    f"(it keeps the {key} and drops the length): bound the length inside a pattern "
+                                    f"instead, e.g. [a-z]{{1,40}}"))
         elif key == "format" and "pattern" in schema:
-            problems.append(f"the pattern at {path} beside a format is not enforced by xgrammar (it keeps the format "
-                            f"and drops the pattern): write both as one pattern")
-        elif key in ("enum", "const") and (others := sorted(BESIDE_VALUES & schema.keys())):
-            problems.append(f"{', '.join(others)} at {path} beside {key} are not enforced by xgrammar (it allows "
-                            f"exactly the listed values): list only values that meet them, and drop them")
-        elif key in ("enum", "const") and (wrong := mistyped(value if key == "enum" else [value], schema)):
-            problems.append(f"{key} at {path} lists {wrong[0]!r}, which is not of type {schema['type']!r}; xgrammar "
-                            f"would allow it all the same")
+            problems.append(Refused("pattern", ptr, "beside a format it is not enforced by xgrammar (it keeps the "
+                                                    "format and drops the pattern): write both as one pattern"))
         elif key == "multipleOf" and schema.get("type") != "integer":
-            problems.append(f"multipleOf at {path} is enforced by xgrammar on integers only")
+            problems.append(Refused(key, ptr, "xgrammar enforces multipleOf on integers only"))
         elif key == "multipleOf" and (bounds := [k for k in RANGE if k in schema]):
-            problems.append(f"multipleOf at {path} beside {', '.join(bounds)} is not enforced by xgrammar (it keeps "
-                            f"the range and drops multipleOf): use an enum of the allowed values, or drop one")
-        elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-            problems.append(f"the $ref {value!r} at {path} is not in this schema: only local references (#/...) are "
-                            f"read; nothing is downloaded")
+            problems.append(Refused(key, ptr, f"beside {', '.join(bounds)} it is not enforced by xgrammar (it keeps "
+                                              f"the range and drops multipleOf): use an enum of the allowed values"))
         elif key == "pattern" and compiler is not None:
             try:
                 compiler.compile_regex(value)
             except (RuntimeError, ValueError) as e:
-                problems.append(f"the pattern at {path} cannot be enforced: {xgrammar_reason(e)}")
-        elif key in SUBSCHEMA_MAPS and isinstance(value, dict):
+                problems.append(Refused(key, ptr, f"xgrammar cannot enforce it: {xgrammar_reason(e)}"))
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
             for name, sub in value.items():
-                problems += unsupported_keywords(sub, compiler, f"{where}.{name}")
-        elif key in SUBSCHEMAS:
-            problems += unsupported_keywords(value, compiler, where)
-        elif key in SUBSCHEMA_LISTS and isinstance(value, list):
+                problems += xgrammar_refusals(sub, compiler, f"{where}/{name}")
+        elif key in SCHEMA_ONE or (key not in CONSTRAINTS and isinstance(value, dict)):  # or kept for a $ref
+            problems += xgrammar_refusals(value, compiler, where)
+        elif key in SCHEMA_LISTS and isinstance(value, list):
             for i, sub in enumerate(value):
-                problems += unsupported_keywords(sub, compiler, f"{where}[{i}]")
+                problems += xgrammar_refusals(sub, compiler, f"{where}/{i}")
     return problems
-
-
-def mistyped(values, schema: dict) -> list:
-    """The values (of an enum or a const) that are not of the schema's ``type`` (a name or a list of names)."""
-    if "type" not in schema or not isinstance(values, list):
-        return []
-    names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-    kinds = tuple(t for n in names for t in JSON_TYPES.get(n, (object,)))
-    return [v for v in values if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds)]
 
 
 def xgrammar_reason(e: Exception) -> str:

@@ -21,7 +21,11 @@ from common.validate import InvalidParam, check_text, clip
 
 from .errors import APIError
 
-MAX_DEPTH = 16  # the deepest valid body is 5 levels (messages -> message -> content -> part -> text)
+# A chat body is 5 levels deep (messages -> message -> content -> part -> text), but a JSON schema in
+# response_format carries its own nesting: two levels per nested object (properties -> name), 60-some for the
+# 30-level schemas of JSONSchemaBench's deepest splits. Stage 07 bounds a schema by its own depth (64 subschemas,
+# stages/07_structured/rewrites.py); this guard only keeps a parser's stack bounded.
+MAX_DEPTH = 256
 # OpenAI fields that are not implemented, each with the values that mean "off" (those are accepted).
 UNSUPPORTED = {"best_of": (1,), "suffix": ("",),
                "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),

@@ -1,0 +1,101 @@
+"""``allOf`` merged into one schema where the merge means the same thing.
+
+``allOf`` is an intersection: a value must match every branch. xgrammar has no intersection of grammars (it would
+skip ``allOf``), so where the branches' keywords combine into one schema exactly, they are combined: ``required``
+lists joined, ``properties`` merged (a property in two branches is the ``allOf`` of its two schemas, merged in turn),
+``type`` sets intersected, bounds tightened (the larger minimum, the smaller maximum), equal values kept. Object
+keywords that speak of the *other* properties (``additionalProperties``, ``patternProperties``, ``propertyNames``)
+merge only when one part has them and every other part's properties are among that part's: then "no other
+property" means the same before and after. Anything else (two different patterns, a ``not``) is left as ``allOf``.
+"""
+from __future__ import annotations
+
+MINS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains")
+MAXES = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains")
+OTHERS = ("additionalProperties", "patternProperties", "propertyNames", "unevaluatedProperties")
+MAX_REFS = 16
+
+
+class CannotMerge(Exception):
+    pass
+
+
+def merge_all_of(node: dict, resolve) -> dict | None:
+    """``node`` with its ``allOf`` merged in, or None where a merge would change the meaning."""
+    parts = [{k: v for k, v in node.items() if k != "allOf"}]
+    try:
+        parts += [inline(b, resolve) for b in node["allOf"]]
+        return merge(parts, resolve)
+    except CannotMerge:
+        return None
+
+
+def inline(branch, resolve) -> dict:
+    """A branch as keywords: a ``$ref`` alone is replaced by its target when the target has no reference in it (a
+    recursive definition stays a reference, and the merge gives up)."""
+    for _ in range(MAX_REFS):
+        if not isinstance(branch, dict):
+            raise CannotMerge
+        if set(branch) != {"$ref"}:
+            break
+        branch = resolve(branch["$ref"])
+    if not isinstance(branch, dict) or "$ref" in str(branch):
+        raise CannotMerge
+    return branch
+
+
+def merge(parts: list[dict], resolve) -> dict:
+    owners = [p for p in parts if any(k in p for k in OTHERS)]
+    if len(owners) > 1:
+        raise CannotMerge
+    if owners:
+        names = set(owners[0].get("properties") or {})
+        if any(set(p.get("properties") or {}) - names for p in parts if p is not owners[0]):
+            raise CannotMerge
+    out: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if key not in out:
+                out[key] = value
+            elif out[key] == value:
+                continue
+            elif key == "required":
+                out[key] = list(dict.fromkeys([*out[key], *value]))
+            elif key in ("properties", "$defs", "definitions"):
+                out[key] = {**out[key]}
+                for name, sub in value.items():
+                    out[key][name] = sub if name not in out[key] else both(out[key][name], sub, resolve)
+            elif key == "type":
+                out[key] = types(out[key], value)
+            elif key in MINS:
+                out[key] = max(out[key], value)
+            elif key in MAXES:
+                out[key] = min(out[key], value)
+            else:
+                raise CannotMerge
+    if "allOf" in out:
+        raise CannotMerge
+    return out
+
+
+def both(a, b, resolve):
+    """Two schemas for one property: their merge, or their ``allOf`` left for the backend."""
+    if a is True or b is True:
+        return b if a is True else a
+    if a is False or b is False:
+        return False
+    if isinstance(a, dict) and isinstance(b, dict):
+        merged = merge_all_of({"allOf": [a, b]}, resolve)
+        return merged if merged is not None else {"allOf": [a, b]}
+    raise CannotMerge
+
+
+def types(a, b):
+    sa = {a} if isinstance(a, str) else set(a)
+    sb = {b} if isinstance(b, str) else set(b)
+    sa |= {"integer"} if "number" in sa else set()
+    sb |= {"integer"} if "number" in sb else set()
+    common = sa & sb
+    if not common:
+        raise CannotMerge
+    return sorted(common) if len(common) > 1 else next(iter(common))

@@ -1,0 +1,124 @@
+"""llguidance (Microsoft's guidance, the second backend vLLM ships): an Earley parser over a lexer, which enforces
+``allOf``, ``minLength`` beside a ``pattern``, and refuses (never skips) a keyword it does not implement.
+
+The same interface as xgrammar's matcher (backend_xgrammar.py). Two differences handled here: a token llguidance
+does not allow puts its matcher in an error state for good, so a token is checked (``validate_tokens``) before it
+is taken, as xgrammar's ``accept_token`` does; and an EOS is never given to llguidance (rolled back, it left EOS
+refused for good in 1.9.1): it is accepted here where llguidance's matcher accepts, and counted (``is_terminated``).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .rewrites import Refused, clean
+
+
+class GuidanceGrammar:
+    backend = "guidance"
+
+    def __init__(self, matcher, vocab_size: int, eos_ids: list[int]):
+        self.start, self.vocab_size, self.eos_ids = matcher, vocab_size, eos_ids
+
+    def matcher(self) -> GuidanceMatcher:
+        return GuidanceMatcher(self)
+
+
+class GuidanceMatcher:
+    def __init__(self, grammar: GuidanceGrammar):
+        self.m, self.eos_ids = grammar.start.deep_copy(), grammar.eos_ids
+        self.words = -(-grammar.vocab_size // 32)
+        self.taken, self.ended_at = 0, -1  # tokens accepted; how many had been when EOS was
+
+    def fill(self) -> np.ndarray:
+        bitmask = np.zeros(self.words, dtype=np.int32)
+        if not self.is_terminated():
+            self.m.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
+        return bitmask
+
+    def accept(self, token: int) -> bool:
+        if self.is_terminated():
+            return False
+        if token in self.eos_ids:  # kept out of llguidance: its rollback of an EOS leaves EOS refused after
+            if not self.m.is_accepting():
+                return False
+            self.ended_at = self.taken
+        elif self.m.validate_tokens([token]) != 1 or not self.m.consume_token(token):
+            return False
+        self.taken += 1
+        return True
+
+    def rollback(self, n: int) -> None:
+        if n:
+            ended = self.is_terminated() and self.ended_at >= self.taken - n
+            if n - ended:
+                self.m.rollback(n - ended)
+            self.taken -= n
+            self.ended_at = -1 if ended else self.ended_at
+
+    def is_terminated(self) -> bool:
+        return self.ended_at >= 0
+
+    def forced_text(self) -> str:
+        return "" if self.is_terminated() else self.m.compute_ff_bytes().decode("utf-8", errors="ignore")
+
+
+def guidance_tokenizer(folder: str, vocab_size: int, eos_ids: list[int]):
+    """llguidance's view of the model folder's tokenizer.json (its special tokens never allowed inside a grammar)."""
+    import llguidance as llg
+    return llg.LLTokenizer(f"{folder}/tokenizer.json", n_vocab=vocab_size, eos_token=eos_ids)
+
+
+def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> GuidanceGrammar:
+    """The constraint as llguidance's grammar; ValueError with llguidance's reason when it cannot enforce it."""
+    import llguidance as llg
+    flexible = not so.disable_any_whitespace
+    options = {"whitespace_flexible": flexible, "coerce_one_of": False, "lenient": False}
+    if not flexible:  # xgrammar's compact spelling: {"a": 1, "b": [2, 3]}
+        options.update(item_separator=", ", key_separator=": ")
+    schema = clean(so.schema, "guidance").schema if so.kind == "json" else {"type": "object"}
+    if so.kind in ("json", "json_object"):
+        grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+    elif so.kind == "regex":
+        grammar = llg.LLMatcher.grammar_from_regex(so.regex)
+    elif so.kind == "choice":
+        grammar = llg.LLMatcher.grammar_from_regex("|".join(regex_literal(c) for c in so.choice))
+    else:
+        raise ValueError("llguidance reads Lark grammars; structured_outputs.grammar is xgrammar's EBNF")
+    error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
+    if error:
+        raise refusal(error, schema)
+    matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise ValueError(f"llguidance cannot enforce it: {matcher.get_error()}")
+    return GuidanceGrammar(matcher, vocab_size, eos_ids)
+
+
+def refusal(error: str, schema) -> Exception:
+    """llguidance's reason, as a `Refused` naming the keyword and its place where the reason names a keyword."""
+    named = re.search(r'Unimplemented keys: \["([^"]+)"', error)
+    key = named.group(1) if named else "oneOf" if "oneOf constraints" in error else None
+    where = place_of(schema, key) if key else None
+    if where is None:
+        return ValueError(f"llguidance cannot enforce it: {' '.join(error.split())[:300]}")
+    return Refused(key, where, "llguidance does not enforce it" + (" (its branches may overlap)" if key == "oneOf"
+                                                                  else ""))
+
+
+def place_of(schema, key: str) -> str | None:
+    """The JSON pointer of the first schema (depth first) that has ``key``, or None."""
+    stack = [(schema, "")]
+    while stack:
+        node, ptr = stack.pop()
+        if isinstance(node, dict):
+            if key in node:
+                return ptr or "#"
+            stack += [(v, f"{ptr}/{k}") for k, v in reversed(list(node.items()))]
+        elif isinstance(node, list):
+            stack += [(v, f"{ptr}/{i}") for i, v in reversed(list(enumerate(node)))]
+    return None
+
+
+def regex_literal(text: str) -> str:
+    return "".join("\\" + c if c in r"\.^$|?*+()[]{}/" else c for c in text)

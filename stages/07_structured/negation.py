@@ -1,0 +1,66 @@
+"""``not`` and ``dependentRequired`` in the forms real schemas use them, written as keywords the backends enforce.
+
+Neither backend enforces ``not`` (the complement of a context-free language is not one) nor a dependency between
+properties, but most uses in JSONSchemaBench have an exact positive form:
+- ``not: {}`` matches nothing (``{}`` matches everything): the schema is ``false`` (103 uses, mostly "no other
+  property": ``additionalProperties: {"not": {}}``);
+- ``not: {"required": ["x"]}``, ``not: {"anyOf": [{"required": ["x"]}, ...]}``: an object without x, which is
+  ``type: object, properties: {"x": false}`` (a non-object meets ``required`` vacuously, so the ``not`` refuses it);
+- ``not: {"type": [...]}``: the other types;
+- ``dependentRequired: {"a": ["b"]}`` (draft-07's ``dependencies`` with a list): a absent, or a and b both present.
+The positive form joins the node through ``allOf`` and is merged like any other (allof.py).
+"""
+from __future__ import annotations
+
+TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
+
+
+def absent(names) -> dict:
+    return {"properties": {n: False for n in names}}
+
+
+def negation(schema) -> dict | bool | None:
+    """A schema matching exactly what ``schema`` does not, or None where no such form is known here."""
+    if schema is True or schema == {}:
+        return False
+    if not isinstance(schema, dict) or len(schema) != 1:
+        return None
+    (key, value), = schema.items()
+    if key == "required" and isinstance(value, list) and value:
+        return {"type": "object", **absent(value)} if len(value) == 1 else \
+            {"type": "object", "anyOf": [absent([n]) for n in value]}
+    if key == "anyOf" and isinstance(value, list) and all(isinstance(b, dict) and set(b) == {"required"}
+                                                          and isinstance(b["required"], list) for b in value):
+        return {"type": "object", **absent(sorted({n for b in value for n in b["required"]}))}
+    if key == "type":
+        names = {value} if isinstance(value, str) else set(value) if isinstance(value, list) else None
+        if names is None or ("integer" in names and "number" not in names):
+            return None  # "a number that is not an integer" has no type of its own
+        names |= {"integer"} if "number" in names else set()
+        rest = [t for t in TYPES if t not in names]
+        return {"type": rest} if rest else False
+    return None
+
+
+def without_not(node: dict) -> dict | bool:
+    """``node`` with its ``not`` replaced by the positive form (an ``allOf`` branch), or as it was."""
+    positive = negation(node["not"])
+    if positive is None:
+        return node
+    if positive is False:
+        return False
+    rest = {k: v for k, v in node.items() if k != "not"}
+    return {**rest, "allOf": [*rest.get("allOf", []), positive]}
+
+
+def without_dependency(node: dict) -> dict:
+    """One ``dependentRequired`` entry as ``anyOf`` (a absent, or a and what it needs present), beside no other
+    ``anyOf``; more entries are left as they are (their ``anyOf``s would not merge)."""
+    deps = node.get("dependentRequired")
+    if not isinstance(deps, dict) or len(deps) != 1 or "anyOf" in node:
+        return node
+    (name, needed), = deps.items()
+    rest = {k: v for k, v in node.items() if k != "dependentRequired"}
+    if not isinstance(needed, list):
+        return node
+    return {**rest, "anyOf": [absent([name]), {"required": [name, *needed]}]}

@@ -1,0 +1,95 @@
+"""``oneOf`` whose branches can be told apart is ``anyOf``, which both backends enforce exactly.
+
+``oneOf`` means "exactly one branch matches". A grammar can say "at least one" (``anyOf``: the union of the
+branches' languages) but not "not two", so xgrammar reads ``oneOf`` as ``anyOf`` without a word and llguidance
+refuses it. Where no value can match two branches at once, the two are the same language, and the rewrite is
+exact. Two branches are told apart (``apart``) when:
+- their types cannot overlap (``string`` and ``object``; ``integer`` lies inside ``number``);
+- their listed values (``enum``/``const``) share none;
+- both are objects (``type: object``: ``required`` says nothing of a string) requiring one property whose
+  ``const``/``enum`` values differ (a discriminator: ``"kind": "circle"`` / ``"kind": "square"``, OpenAPI's);
+- both are objects, and one requires a property the other forbids (``additionalProperties: false`` without it).
+Anything else (two strings with overlapping patterns, say) is left as ``oneOf`` for the backend to refuse.
+"""
+from __future__ import annotations
+
+import json
+
+NUMBER = {"integer", "number"}
+MAX_REFS = 16  # a $ref chain followed this far at most
+
+
+def types_of(node: dict) -> set[str] | None:
+    """The JSON types a branch allows (``integer`` within ``number``), or None when it does not say."""
+    if "const" in node or "enum" in node:
+        values = [node["const"]] if "const" in node else node["enum"]
+        return {kind(v) for v in values} if isinstance(values, list) else None
+    t = node.get("type")
+    names = [t] if isinstance(t, str) else t if isinstance(t, list) else None
+    if names is None:
+        return None  # {"properties": ...} alone also takes a string: only a type says what it excludes
+    return set(names) | ({"integer"} if "number" in names else set())
+
+
+def kind(value) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}.get(type(value), "null")
+
+
+def values_of(node: dict) -> list | None:
+    if "const" in node:
+        return [node["const"]]
+    return node["enum"] if isinstance(node.get("enum"), list) else None
+
+
+def apart(a: dict, b: dict, resolve) -> bool:
+    """True when no value matches both branches (by the rules above)."""
+    ta, tb = types_of(a), types_of(b)
+    if ta is not None and tb is not None and not ta & tb:
+        return True
+    va, vb = values_of(a), values_of(b)
+    if va is not None and vb is not None:
+        return not {json.dumps(v, sort_keys=True) for v in va} & {json.dumps(v, sort_keys=True) for v in vb}
+    pa, pb = a.get("properties") or {}, b.get("properties") or {}
+    if ta != {"object"} or tb != {"object"} or not (isinstance(pa, dict) and isinstance(pb, dict)):
+        return False
+    both = set(a.get("required") or []) & set(b.get("required") or [])
+    for name in both & pa.keys() & pb.keys():
+        sa, sb = follow(pa[name], resolve), follow(pb[name], resolve)
+        if isinstance(sa, dict) and isinstance(sb, dict) and values_of(sa) is not None \
+                and values_of(sb) is not None and apart(sa, sb, resolve):
+            return True
+    return forbids(a, b) or forbids(b, a)
+
+
+def forbids(a: dict, b: dict) -> bool:
+    """``a`` forbids a property ``b`` requires (``additionalProperties: false`` and no pattern that could take it)."""
+    if a.get("additionalProperties") is not False or a.get("patternProperties"):
+        return False
+    return bool(set(b.get("required") or []) - set(a.get("properties") or {}))
+
+
+def follow(node, resolve):
+    """A branch with its ``$ref`` chain followed (a node that is only a reference says nothing by itself)."""
+    for _ in range(MAX_REFS):
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+            return node
+        node = resolve(node["$ref"])
+    return None
+
+
+def one_of_as_any_of(node: dict, resolve) -> dict | None:
+    """``node`` with its ``oneOf`` written as ``anyOf`` when every two branches are apart; None when some two may
+    overlap (the backend then decides). A ``oneOf`` beside an ``anyOf`` is left alone (one key per node)."""
+    branches = [follow(b, resolve) for b in node["oneOf"]]
+    if "anyOf" in node or any(not isinstance(b, dict) for b in branches):
+        return None
+    for i, a in enumerate(branches):
+        for b in branches[i + 1:]:
+            if not apart(a, b, resolve):
+                return None
+    rest = {k: v for k, v in node.items() if k != "oneOf"}
+    return {**rest, "anyOf": node["oneOf"]}

@@ -1,0 +1,190 @@
+"""A schema as a backend should see it: annotations dropped, the draft's spelling made 2020-12's, and a few keywords
+rewritten into ones the backends enforce exactly, or a `Refused` that names the keyword, its place and why.
+
+`clean` walks the schema once (subschema by subschema, so ``properties`` is read as names, never as keywords):
+- annotations and unknown keywords go (keywords.py), an unenforced ``format`` too (formats.py);
+- a node is read in its draft's meaning (drafts.py);
+- ``enum``/``const`` beside other keywords become the listed values that meet them (checked with ``jsonschema``, so
+  the backend's "exactly these values" is the schema's meaning);
+- ``allOf`` is merged into its parent where the merge is exact (allof.py), ``oneOf`` becomes ``anyOf`` where no
+  value can match two branches (oneof.py);
+- a ``$ref`` into a place the walk dropped (``#/components/...`` under an unknown keyword) is kept there, cleaned.
+A schema nested deeper than ``MAX_DEPTH`` subschemas is refused by its own depth (the server's body guard is wider).
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from . import formats
+from .allof import merge_all_of
+from .drafts import draft_of, to_2020
+from .keywords import REFUSED, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, is_annotation
+from .negation import without_dependency, without_not
+from .oneof import one_of_as_any_of
+
+MAX_DEPTH = 64  # subschemas inside subschemas; JSONSchemaBench's deepest needs 30-some
+
+
+class Refused(Exception):
+    """A keyword no backend in use enforces: its name, its place (a JSON pointer, ``#/properties/tags``) and why."""
+
+    def __init__(self, keyword: str, pointer: str, why: str):
+        pointer = pointer if pointer.startswith("#") else "#" + pointer
+        super().__init__(f"{keyword!r} at {pointer}: {why}" if keyword else f"{pointer}: {why}")
+        self.keyword, self.pointer, self.why = keyword, pointer, why
+
+
+@dataclass
+class Cleaned:
+    schema: dict
+    ignored: Counter = field(default_factory=Counter)  # keyword -> times dropped as an annotation
+    rewritten: Counter = field(default_factory=Counter)  # rewrite -> times done (enum filtered, oneOf, allOf)
+
+
+def resolve(root, ref: str):
+    """The node a local ``$ref`` (``#/$defs/a``, JSON pointer escapes and %-escapes read) points to, or None."""
+    node = root
+    for part in [p for p in ref[1:].split("/")[1:]] if ref != "#" else []:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+class Walk:
+    def __init__(self, root, backend: str):
+        self.root, self.backend, self.draft = root, backend, draft_of(root)
+        self.out = Cleaned({})
+        self.refs: set[str] = set()
+
+    def node(self, node, ptr: str, depth: int):
+        if isinstance(node, bool):
+            return node
+        if not isinstance(node, dict):
+            raise Refused("", ptr, f"a {type(node).__name__} where a schema (an object or a boolean) belongs")
+        if depth > MAX_DEPTH:
+            raise Refused("", ptr, f"the schema itself is nested more than {MAX_DEPTH} subschemas deep (the "
+                                   f"schema's own depth, not the request's)")
+        out = {}
+        for key, value in to_2020(node, self.draft).items():
+            where = f"{ptr}/{key.replace('~', '~0').replace('/', '~1')}"
+            if is_annotation(key):
+                self.out.ignored["x-*" if key.startswith("x-") else key] += 1
+            elif key == "format" and not formats.keeps(value, self.backend):
+                self.out.ignored[f"format {value}"] += 1
+            elif key in REFUSED:
+                raise Refused(key, ptr, REFUSED[key])
+            elif key == "$ref":
+                if not isinstance(value, str) or not (value == "#" or value.startswith("#/")):
+                    raise Refused(key, ptr, f"{json.dumps(value)[:80]} is not a place in this schema: only local "
+                                            f"references (#/...) are read; nothing is downloaded")
+                self.refs.add(value)
+                out[key] = value
+            elif key in SCHEMA_MAPS:
+                if not isinstance(value, dict):
+                    raise Refused(key, ptr, "must map names to schemas")
+                out[key] = {n: self.node(s, f"{where}/{n.replace('~', '~0').replace('/', '~1')}", depth + 1)
+                            for n, s in value.items()}
+            elif key in SCHEMA_ONE:
+                out[key] = self.node(value, where, depth + 1)
+            elif key in SCHEMA_LISTS:
+                if not isinstance(value, list) or not value:
+                    raise Refused(key, ptr, "must be a non-empty list of schemas")
+                out[key] = [self.node(s, f"{where}/{i}", depth + 1) for i, s in enumerate(value)]
+            elif key == "dependencies" and isinstance(value, dict):  # draft-07's, split as 2019-09 did
+                for name, dep in value.items():
+                    kind = "dependentRequired" if isinstance(dep, list) else "dependentSchemas"
+                    out.setdefault(kind, {})[name] = dep if isinstance(dep, list) else self.node(dep, where, depth + 1)
+            else:
+                out[key] = value
+        return self.rewrite(out, ptr, depth)
+
+    def rewrite(self, out: dict, ptr: str, depth: int) -> dict | bool:
+        if "enum" in out or "const" in out:
+            out = self.values_only(out, ptr)
+        if "not" in out:
+            out = without_not(out)
+            if out is False:
+                self.out.rewritten["not as false"] += 1
+                return False
+        if "dependentRequired" in out:
+            out = without_dependency(out)
+        if "allOf" in out:
+            merged = merge_all_of(out, lambda ref: self.target(ref, depth))
+            if merged is not None:
+                self.out.rewritten["allOf merged"] += 1
+                out = merged
+        if "oneOf" in out:
+            rewritten = one_of_as_any_of(out, lambda ref: resolve(self.root, ref))
+            if rewritten is not None:
+                self.out.rewritten["oneOf as anyOf"] += 1
+                out = rewritten
+        return out
+
+    def target(self, ref: str, depth: int):
+        """What a ``$ref`` points to, cleaned (an ``allOf`` branch inlined is given to the backend as it is)."""
+        node = resolve(self.root, ref)
+        return None if node is None else self.node(node, ref[1:], depth + 1)
+
+    def values_only(self, out: dict, ptr: str) -> dict:
+        """``enum``/``const`` with keywords beside them: the listed values that meet those keywords, alone."""
+        values = out["enum"] if "enum" in out else [out["const"]]
+        if not isinstance(values, list):
+            raise Refused("enum", ptr, "must be a list of values")
+        beside = {k: v for k, v in out.items() if k not in ("enum", "const", "$defs", "definitions")}
+        if not beside:
+            return out
+        if "$ref" in json.dumps(beside):
+            return out  # resolved by the backend; enum beside a $ref is left to it
+        from jsonschema import Draft202012Validator
+        check = Draft202012Validator(beside)
+        kept = [v for v in values if check.is_valid(v)]
+        if not kept:
+            raise Refused("enum" if "enum" in out else "const", ptr, "no listed value meets the keywords beside it "
+                          f"({', '.join(sorted(beside))}): the schema allows nothing here")
+        self.out.rewritten["enum filtered"] += 1
+        return {"enum": kept, **{k: out[k] for k in ("$defs", "definitions") if k in out}}
+
+    def keep_referenced(self) -> None:
+        """A ``$ref`` into a place the walk dropped (under an unknown keyword): that place, cleaned, put back."""
+        done: set[str] = set()
+        while pending := sorted(self.refs - done):
+            for ref in pending:
+                done.add(ref)
+                if resolve(self.out.schema, ref) is not None:
+                    continue
+                target = resolve(self.root, ref)
+                if target is None:
+                    raise Refused("$ref", "#", f"{ref} points to nothing in this schema")
+                parts = [unquote(p).replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
+                cleaned, place = self.node(target, ref[1:], 1), self.out.schema
+                for part in parts[:-1]:
+                    place = place.setdefault(part, {}) if isinstance(place, dict) else None
+                    if not isinstance(place, dict):
+                        raise Refused("$ref", "#", f"{ref} points inside a keyword this draft's rewrite moved")
+                place[parts[-1]] = cleaned
+
+
+def clean(schema, backend: str) -> Cleaned:
+    """``schema`` as ``backend`` ("xgrammar" or "guidance") is given it, with what was dropped and rewritten."""
+    walk = Walk(schema, backend)
+    walk.out.schema = walk.node(schema, "", 1)
+    walk.keep_referenced()
+    return walk.out
+
+
+def depth(value) -> int:
+    """The JSON nesting of ``value`` (1 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        stack += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())]
+    return deepest
