@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -34,10 +35,17 @@ class FSMGrammar:
     def __init__(self, tree: tuple, grammars: Grammars):
         self.dfa, self.g = DFA(NFA(tree)), grammars
         self.masks: dict[int, np.ndarray] = {}
+        # The DFA grows as requests reach new states, from the engine thread and from the threads that prepare
+        # requests (their first mask): one grows it at a time.
+        self.lock = threading.Lock()
 
     def mask(self, state: int) -> np.ndarray:
+        with self.lock:
+            return self.mask_locked(state)
+
+    def mask_locked(self, state: int) -> np.ndarray:
         if state not in self.masks:
-            if state == TERMINATED:
+            if state < 0:  # TERMINATED, or -1: a pattern no string matches (its start state was pruned: fsm.py)
                 allowed = []
             else:
                 allowed = allowed_tokens(self.dfa, state, self.g.trie)
@@ -51,6 +59,10 @@ class FSMGrammar:
     def forced_text(self, state: int) -> str:
         """The text every match must continue with from ``state``: bytes while exactly one byte keeps it alive and
         the pattern cannot end there, cut to whole characters."""
+        with self.lock:
+            return self.forced_text_locked(state)
+
+    def forced_text_locked(self, state: int) -> str:
         data, dfa = bytearray(), self.dfa
         while state >= 0 and not dfa.accepting(state) and len(data) < 256:
             live = [b for b, nxt in enumerate(dfa.row(state)) if nxt >= 0]
@@ -70,13 +82,14 @@ class FSMMatcher:
 
     def accept(self, token: int) -> bool:
         s, dfa = self.states[-1], self.grammar.dfa
-        if s == TERMINATED:
+        if s < 0:
             return False
         if token in self.grammar.g.eos_ids:
             nxt = TERMINATED if dfa.accepting(s) else -1
         else:
             data = self.grammar.g.vocab[token] if token < len(self.grammar.g.vocab) else None
-            nxt = dfa.walk(s, data) if data else -1
+            with self.grammar.lock:
+                nxt = dfa.walk(s, data) if data else -1
         if nxt == -1:
             return False
         self.states.append(nxt)

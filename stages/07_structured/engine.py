@@ -56,8 +56,12 @@ class StructuredOutputs:
         grammar = grammars.compile(so, self.engine_config.structured_outputs.backend)
         masking = params.allowed_token_ids is not None or bool(params.bad_words) or params.min_tokens > 0
         rule = GrammarConstraint(grammar.matcher(), list(eos), self.config.vocab_size, check_empty=masking)
-        if params.allowed_token_ids is not None:  # the one conflict visible before the first step
-            first = rule.mask()
+        first = rule.mask()  # computed here, on the thread that prepares the request, and kept for its first step
+        if not first.any():  # nothing may begin the output and the empty one is not allowed: no string matches
+            raise InvalidParam("structured_outputs", f"structured_outputs ({so.kind}) admits no output at all: no "
+                                                     "token may begin it and it does not allow the empty string; "
+                                                     "fix the constraint so that some text matches it")
+        if params.allowed_token_ids is not None:  # the one conflict with the request's other rules visible up front
             allowed = [t for t in params.allowed_token_ids if first[t // 32] >> (t % 32) & 1]
             if not allowed:
                 example = single_token(first)

@@ -144,7 +144,12 @@ async def respond(api: Api, request: Request, req, ids: list[int], chat: bool):
     if params.logprobs is not None and not isinstance(api.engine, LocalEngine):
         raise APIError(400, "logprobs are served by a single engine, not through the cluster's gateway",
                        "top_logprobs" if chat else "logprobs")
-    streams = await submit(api, ids, params)
+    try:
+        streams = await submit(api, ids, params)
+    except APIError as e:  # a constraint refused when the request was prepared: named as the client sent it
+        if e.param == "structured_outputs" and getattr(req, "structured_outputs", None) is None:
+            e = APIError(e.status, e.message.replace("structured_outputs", "response_format"), "response_format")
+        raise e from None
     echo = ""  # completions' echo: the prompt's text (and log-probabilities) come first
     if not chat and req.echo:
         echo = req.prompt if isinstance(req.prompt, str) else api.engine.tokenizer.decode(ids)
