@@ -28,7 +28,8 @@ from ..engine import LLM, QueueFull, RequestStream
 from .answers import collect, stream_events, whole_choice
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
-from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
+from .params import sampling_params
+from .protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from .responses import ClosingStream, prediction_details, usage
 from .drain import Drain
 
