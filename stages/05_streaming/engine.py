@@ -97,6 +97,10 @@ class LLM(FrontEnd):
         stepping thread replaces whole, so a reader on another thread never sees it half-written."""
         return self.engine_gauges.snapshot
 
+    def server_gauges(self) -> dict[str, tuple[float, str]]:
+        """Gauges a later stage adds to the server's /metrics: name -> (value, help). None here."""
+        return {}
+
     def _run(self, seqs: list[Sequence]) -> None:
         """`generate`: submit every request, then read each to its end (stepping the engine here)."""
         streams = [RequestStream(f"req-{next(_request_ids)}", seq) for seq in seqs]

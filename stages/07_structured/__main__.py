@@ -30,6 +30,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-memory", default="512MiB", help="KV budget: bytes, '256MiB', or a fraction of free memory")
     ap.add_argument("--num-forced-tokens", type=int, default=16, help="most forced tokens fed in one step (0: none)")
+    ap.add_argument("--grammar-cache-mb", type=float, default=256,
+                    help="compiled grammars kept, MiB (least recently used out first; grammar_cache.py)")
     ap.add_argument("--in-flight", default="1,64", help="demo: the in-flight limits the time per token is taken at")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
     ap.add_argument("--host", default="127.0.0.1")
@@ -58,7 +60,7 @@ def main(argv=None) -> None:
 def make_llm(args, **changes) -> LLM:
     """This stage's engine with the command line's options (``changes``: another in-flight limit, no forced tokens)."""
     options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
-                   num_forced_tokens=args.num_forced_tokens)
+                   num_forced_tokens=args.num_forced_tokens, grammar_cache_mb=args.grammar_cache_mb)
     return LLM(args.model, **{**options, **changes})
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
@@ -20,12 +19,12 @@ from common.sampling import StructuredOutputsParams
 from common.validate import InvalidParam, clip
 
 from .fsm import DFA, NFA, Trie, allowed_tokens, pack
+from .grammar_cache import DEFAULT_MAX_BYTES, GrammarCache
 from .regex import Unsupported, literal, parse
 from .schema_check import unsupported_keywords, xgrammar_reason
 from .vocab import token_bytes
 
 TERMINATED = -2  # the matcher's state after an EOS at the end of a match
-CACHE_SIZE = 256  # compiled grammars kept per tokenizer
 
 
 class FSMGrammar:
@@ -142,12 +141,13 @@ class XGrammarMatcher:
 
 
 class Grammars:
-    """One tokenizer's compiled constraints (an LRU cache), its token trie and its xgrammar compiler."""
+    """One tokenizer's compiled constraints (an LRU cache bounded in bytes), its token trie and its xgrammar
+    compiler."""
 
-    def __init__(self, folder: str, vocab_size: int, eos_ids: tuple[int, ...]):
+    def __init__(self, folder: str, vocab_size: int, eos_ids: tuple[int, ...], cache_bytes: int = DEFAULT_MAX_BYTES):
         self.folder, self.vocab_size, self.eos_ids = folder, vocab_size, list(eos_ids)
         self.vocab = token_bytes(folder, vocab_size)
-        self.cache: OrderedDict = OrderedDict()
+        self.cache = GrammarCache(cache_bytes)
 
     @functools.cached_property
     def trie(self) -> Trie:
@@ -156,25 +156,20 @@ class Grammars:
     @functools.cached_property
     def compiler(self):
         """xgrammar's compiler over this vocabulary: special tokens as empty strings, which xgrammar never allows
-        inside a structure (given as text, ``<|im_start|>`` would be allowed inside a JSON string)."""
+        inside a structure (given as text, ``<|im_start|>`` would be allowed inside a JSON string). Its own cache
+        is off: ours (grammar_cache.py) is the one, bounded in bytes."""
         import xgrammar as xgr
         vocab = [b if b is not None else b"" for b in self.vocab]
         info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=self.vocab_size,
                                  stop_token_ids=self.eos_ids)
-        return xgr.GrammarCompiler(info, max_threads=1)
+        return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
     def compile(self, so: StructuredOutputsParams, backend: str = "auto"):
-        """The compiled constraint (cached); `InvalidParam` with the backend's reason when it cannot compile."""
+        """The compiled constraint (cached, bounded in bytes: grammar_cache.py); `InvalidParam` with the backend's
+        reason when it cannot compile."""
         key = (so.kind, json.dumps(so.schema, sort_keys=True) if so.kind == "json" else repr(getattr(so, so.kind)),
                so.disable_any_whitespace, backend)
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return self.cache[key]
-        grammar = self.build(so, backend)
-        self.cache[key] = grammar
-        if len(self.cache) > CACHE_SIZE:
-            self.cache.popitem(last=False)
-        return grammar
+        return self.cache.get(key, lambda: self.build(so, backend))
 
     def build(self, so: StructuredOutputsParams, backend: str):
         if so.kind in ("choice", "regex") and backend in ("auto", "fsm"):
@@ -206,7 +201,26 @@ class Grammars:
         return c.compile_grammar(so.grammar)
 
 
-@functools.cache
-def grammars_for(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Grammars:
-    """One `Grammars` per tokenizer in this process: the reference and every stage share its compiled grammars."""
-    return Grammars(folder, vocab_size, eos_ids)
+GRAMMARS: dict[tuple, Grammars] = {}  # every tokenizer's (and cache bound's) in this process
+GRAMMARS_LOCK = threading.Lock()  # requests are prepared on several threads
+
+
+def grammars_for(folder: str, vocab_size: int, eos_ids: tuple[int, ...],
+                 cache_bytes: int = DEFAULT_MAX_BYTES) -> Grammars:
+    """One `Grammars` per tokenizer (and cache bound) in this process: the reference and every stage share its
+    compiled grammars."""
+    key = (folder, vocab_size, eos_ids, cache_bytes)
+    with GRAMMARS_LOCK:
+        if key not in GRAMMARS:
+            GRAMMARS[key] = Grammars(folder, vocab_size, eos_ids, cache_bytes)
+        return GRAMMARS[key]
+
+
+def cache_stats(folder: str, cache_bytes: int) -> dict[str, int]:
+    """The grammar caches' figures for one model folder and bound, summed over its EOS sets (usually one)."""
+    with GRAMMARS_LOCK:
+        caches = [g.cache for (f, _, _, b), g in GRAMMARS.items() if f == folder and b == cache_bytes]
+    total = {"bytes": 0, "max_bytes": cache_bytes, "entries": 0, "hits": 0, "misses": 0, "evictions": 0}
+    for cache in caches:
+        total |= {k: v + total[k] for k, v in cache.stats().items() if k != "max_bytes"}
+    return total

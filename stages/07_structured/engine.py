@@ -25,7 +25,7 @@ from stages.paged_kv import kv_blocks  # stage 03: engine.py
 from stages.speculative import STAGE_DEFAULT, SpeculativeScheduler, paged_cache, speculative_proposers  # stage 06
 from stages.streaming import LLM as StreamingLLM  # stage 05: engine.py
 
-from .backends import grammars_for
+from .backends import cache_stats, grammars_for
 from .constraint import GrammarConstraint, single_token
 from .forced import ForcedTokens
 
@@ -52,8 +52,9 @@ class StructuredOutputs:
         if so is None:
             return []
         eos = tuple(sorted(request.eos_token_ids))
-        grammars = grammars_for(str(self.folder), self.config.vocab_size, eos)
-        grammar = grammars.compile(so, self.engine_config.structured_outputs.backend)
+        options = self.engine_config.structured_outputs
+        grammars = grammars_for(str(self.folder), self.config.vocab_size, eos, options.grammar_cache_bytes)
+        grammar = grammars.compile(so, options.backend)
         masking = params.allowed_token_ids is not None or bool(params.bad_words) or params.min_tokens > 0
         rule = GrammarConstraint(grammar.matcher(), list(eos), self.config.vocab_size, check_empty=masking)
         first = rule.mask()  # computed here, on the thread that prepares the request, and kept for its first step
@@ -74,6 +75,16 @@ class StructuredOutputs:
 
 class LLM(StructuredOutputs, StreamingLLM):
     """Stage 05's front end over this stage's engine, applying structured_outputs."""
+
+    def server_gauges(self) -> dict[str, tuple[float, str]]:
+        """Stage 05's gauges and the compiled-grammar cache's size (grammar_cache.py), for /metrics."""
+        stats = cache_stats(str(self.folder), self.engine_config.structured_outputs.grammar_cache_bytes)
+        return super().server_gauges() | {
+            "stepwise_grammar_cache_bytes": (stats["bytes"], "Compiled grammars kept, bytes (estimated)"),
+            "stepwise_grammar_cache_max_bytes": (stats["max_bytes"], "The grammar cache's bound, bytes"),
+            "stepwise_grammar_cache_entries": (stats["entries"], "Compiled grammars kept"),
+            "stepwise_grammar_cache_evictions": (stats["evictions"], "Grammars dropped to stay under the bound")}
+
     build = staticmethod(build)
     # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm), as stage 06.
     command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})

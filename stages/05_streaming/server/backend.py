@@ -45,7 +45,7 @@ class LocalEngine:
             "stepwise_prefix_cache_hit_rate": (g["prefix_hit_rate"],
                                                "Prompt tokens found in the prefix cache / looked up"),
             "stepwise_preemptions": (g["preemptions"], "Preemptions since the server started"),
-        }
+        } | llm.server_gauges()  # a later stage's (stage 07: the grammar cache's bytes)
         return llm.metrics.render(gauges)
 
     def shutdown(self) -> None:
