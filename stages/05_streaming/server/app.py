@@ -74,14 +74,15 @@ def create_app(llm, model_name: str = DEFAULT_MODEL, *, api_key: str | None = No
 async def completions(request: Request):
     api: Api = request.app.state.api
     req = await read(api, request, CompletionRequest)
-    ids = req.prompt if isinstance(req.prompt, list) else api.engine.tokenizer.encode(req.prompt)
+    ids = req.prompt if isinstance(req.prompt, list) else await prepare(api, api.engine.tokenizer.encode, req.prompt)
     return await respond(api, request, req, ids, chat=False)
 
 
 async def chat_completions(request: Request):
     api: Api = request.app.state.api
     req = await read(api, request, ChatCompletionRequest)
-    ids = api.engine.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in req.messages])
+    ids = await prepare(api, api.engine.tokenizer.encode_chat,
+                        [{"role": m.role, "content": m.content} for m in req.messages])
     return await respond(api, request, req, ids, chat=True)
 
 
@@ -109,6 +110,14 @@ async def read(api: Api, request: Request, model: type):
         raise APIError(404, f"the model {clip(req.model)} does not exist; this server serves {api.model_name!r}",
                        "model", code="model_not_found")
     return req
+
+
+async def prepare(api: Api, fn, *args):
+    """A prompt's tokenization on the engine's worker threads where it has them (`LocalEngine.prepare`): a long
+    prompt must not hold the event loop that streams every other request's tokens."""
+    if hasattr(api.engine, "prepare"):
+        return await api.engine.prepare(fn, *args)
+    return fn(*args)
 
 
 async def submit(api: Api, ids: list[int], params) -> list[RequestStream]:
