@@ -7,6 +7,7 @@ constraint at each --in-flight limit; serve: stage 05's OpenAI-compatible server
 from __future__ import annotations
 
 import argparse
+import json
 
 from rich.console import Console
 from rich.table import Table
@@ -34,6 +35,9 @@ def main(argv=None) -> None:
                     help="compiled grammars kept, MiB (least recently used out first; grammar_cache.py)")
     ap.add_argument("--in-flight", default="1,64", help="demo: the in-flight limits the time per token is taken at")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
+    ap.add_argument("--speculative-config", default=None, type=json.loads,
+                    help="serve: speculative decoding as vLLM's JSON (predictions draft only with it), e.g. "
+                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--served-model-name", default=None)
@@ -61,6 +65,8 @@ def make_llm(args, **changes) -> LLM:
     """This stage's engine with the command line's options (``changes``: another in-flight limit, no forced tokens)."""
     options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
                    num_forced_tokens=args.num_forced_tokens, grammar_cache_mb=args.grammar_cache_mb)
+    if getattr(args, "speculative_config", None):
+        options["speculative_config"] = args.speculative_config
     return LLM(args.model, **{**options, **changes})
 
 
