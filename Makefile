@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium arm64
+.PHONY: demo soak test test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium arm64
 
 setup: $(DEPS)
 
@@ -25,6 +25,11 @@ $(MODEL): $(DEPS) common/prepare.py common/gguf_convert.py common/tokenizer.py
 
 demo: $(MODEL)
 	$(BIN)/python -m stages.05_streaming
+
+# The soak (docs/soak.md): the stage 07 server under an hour of mixed traffic, then its verdict. Run it alone.
+SOAK_ARGS ?= --minutes 60 --rate 1.0 --plot soak.png --json soak.json
+soak: $(MODEL)
+	$(BIN)/python -m stages.bench.soak $(SOAK_ARGS)
 
 # The fast suite (tiny model) first, then the real-model and cluster tests (markers in pyproject.toml).
 test: lint native-check $(MODEL) chromium arm64

@@ -64,6 +64,7 @@ class CacheConfig:
 class StructuredOutputsConfig:
     backend: str = "auto"  # 'auto', 'xgrammar', 'guidance' (llguidance) or 'fsm' (the hand-written automaton)
     num_forced_tokens: int = 16  # the most tokens a grammar may force into one step of a request (0: none)
+    grammar_cache_bytes: int = 256 * 2**20  # compiled grammars kept, least recently used out first (grammar_cache.py)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class EngineConfig:
                enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, enable_preemption: bool = True,
                fused_attention: bool = False, max_waiting: int = 256, speculative_config=None,
                num_forced_tokens: int = 16, structured_outputs_config: dict | None = None,
-               structured_outputs_backend: str | None = None) -> EngineConfig:
+               structured_outputs_backend: str | None = None, grammar_cache_mb: float = 256) -> EngineConfig:
         """Check every option (a wrong one raises `InvalidParam` naming it) and resolve the model's folder and
         context; the weights are not read."""
         if max_model_len is not None:
@@ -103,6 +104,10 @@ class EngineConfig:
         check_int("max_waiting", max_waiting, 1)
         check_int("num_forced_tokens", num_forced_tokens, 0, 256)
         backend = structured_backend(structured_outputs_config, structured_outputs_backend)
+        if isinstance(grammar_cache_mb, bool) or not isinstance(grammar_cache_mb, (int, float)) or \
+                not 0 < grammar_cache_mb <= 2**20:
+            raise InvalidParam("grammar_cache_mb", f"grammar_cache_mb={clip(grammar_cache_mb)} is invalid: give the "
+                                                   "MiB of compiled grammars to keep, > 0")
         speculative = SpeculativeConfig.parse(speculative_config)
         if speculative is not None:
             speculative.check_budget(max_num_batched_tokens)
@@ -115,7 +120,8 @@ class EngineConfig:
         return cls(ModelOptions(str(folder), parse_dtype(dtype), device, context, quantization, seed, batch_invariant),
                    SchedulerConfig(max_num_seqs, max_num_batched_tokens, context, enable_chunked_prefill,
                                    enable_preemption, max_waiting),
-                   cache, speculative, StructuredOutputsConfig(backend, num_forced_tokens))
+                   cache, speculative, StructuredOutputsConfig(backend, num_forced_tokens,
+                                                            int(grammar_cache_mb * 2**20)))
 
 
 BACKENDS = ("auto", "xgrammar", "guidance", "fsm")  # vLLM's names (its "guidance" is llguidance)

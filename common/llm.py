@@ -14,6 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence as Seq
 
+import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -86,12 +87,16 @@ class LLM:
         params = SamplingParams.coerce(params)
         params.validate(self.config.vocab_size)  # once: a sample's parameters differ from it in n and seed alone
         request = tokenize(prompt, self.tokenizer, self.config, self.max_model_len, self.window_note)
+        # A predicted output (stage 06 drafts from it) is tokenized here, where the request is prepared: a server
+        # prepares requests on worker threads, so a 1 MB prediction never stalls the engine's steps.
+        predicted = None if params.prediction is None else np.asarray(self.tokenizer.encode(params.prediction))
         group: list[Sequence] = []
         for i in range(params.n):
             p = params.for_sample(i)
             seq = Sequence(request.prompt_token_ids, p, request.eos_token_id, self.device, prompt=request.prompt,
                            processors=self.make_processors(p, request), max_len=self.max_model_len,
-                           detokenizer=IncrementalDetokenizer(self.tokenizer), index=first_index + i, group=group)
+                           detokenizer=IncrementalDetokenizer(self.tokenizer), index=first_index + i, group=group,
+                           prediction_ids=predicted)
             self.engine.check(seq)  # what this engine cannot run (a prompt larger than its KV pool, say)
         return group
 

@@ -92,7 +92,8 @@ class Sequence:
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, eos_token_id: int | tuple[int, ...],
                  device: torch.device, prompt: str | None = None, processors: list | None = None,
-                 max_len: int | None = None, detokenizer=None, index: int = 0, group: list | None = None):
+                 max_len: int | None = None, detokenizer=None, index: int = 0, group: list | None = None,
+                 prediction_ids=None):
         self.seq_id = next(_ids)
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -120,6 +121,8 @@ class Sequence:
         self.prompt_logprobs: list = [None]  # with params.prompt_logprobs, per prompt token (the first has none)
         # Its logits processors (common/processors.py), in order; their state follows the tokens it keeps.
         self.processors: list = list(processors or [])
+        # SamplingParams.prediction's tokens, tokenized when the request was prepared (off the engine's thread).
+        self.prediction_ids = prediction_ids
         # Draft tokens to feed after its own at the next step (speculative decoding); cleared by `advance`.
         self.spec_token_ids: list[int] = []
         self.num_drafted_tokens = 0  # draft tokens verified for it, over its life (OpenAI's prediction counts)

@@ -84,7 +84,7 @@ class Tokenizer:
         self._special_split = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return plain_ids(self._tok, text)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -121,8 +121,20 @@ class Tokenizer:
             if piece in self._special_ids:
                 ids.append(self._special_ids[piece])
             elif piece:
-                ids += self._plain.encode(fill(piece), add_special_tokens=False).ids
+                ids += plain_ids(self._plain, fill(piece))
         return ids
+
+
+LONG_TEXT = 4096  # characters: a longer text is encoded with Python's lock released
+
+
+def plain_ids(tok: HFTokenizer, text: str) -> list[int]:
+    """``text``'s token ids. A long text goes through ``encode_batch``, which releases Python's lock while it
+    runs (``encode`` holds it: a 1 MB text held every other thread, the engine's included, for about a second);
+    the ids are the same."""
+    if len(text) > LONG_TEXT:
+        return tok.encode_batch([text], add_special_tokens=False)[0].ids
+    return tok.encode(text, add_special_tokens=False).ids
 
 
 def chat_template_source(folder: Path, cfg: dict) -> str | None:

@@ -59,6 +59,9 @@ class StepEncoder:
 
     def encode(self, event) -> dict:
         key, self.need_key = self.need_key, False
+        if len(self.live) > 256:  # an aborted request never shows a finish: forget the finished ones now and then
+            self.live = {i: s for i, s in self.live.items() if not s.is_finished}
+            self.texts = {i: t for i, t in self.texts.items() if i in self.live}
         state, new, seqs = event.state, [], []
         if key:  # everything again: the tables, the cached blocks, every request in flight and its text
             self.tables, self.cached, self.texts = {}, set(), {}
@@ -127,8 +130,10 @@ class Run:
     meta: dict = field(default_factory=dict)
     steps: list[dict] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
-        return {"label": self.label, "meta": self.meta, "steps": self.steps}
+    def as_dict(self) -> dict:  # a ring (a server's window: stages/xray/cli.py) starts at its first keyframe
+        steps = list(self.steps)
+        return {"label": self.label, "meta": self.meta, "steps": steps[next((i for i, s in enumerate(steps)
+                                                                             if s.get("key")), 0):]}
 
 
 class Recorder:

@@ -93,7 +93,7 @@ CASES = [  # (id, path, body: dict or raw bytes, headers, status, param, words t
       for name, value in [("best_of", 3), ("suffix", "x"),
                           ("tools", [{"type": "function"}])]],
     ("response_format on a stage without grammars", CHAT, MSG | {"response_format": {"type": "json_object"}}, {},
-     400, "structured_outputs", "use stage 07"),
+     400, "response_format", "use stage 07"),
     ("a legacy guided_json", CHAT, MSG | {"guided_json": {"type": "object"}}, {}, 400, "guided_json",
      'send structured_outputs: {"json": ...} instead'),
     *[(f"{name} is {value!r}", C, body(**{name: value}), {}, 400, name, why) for name, value, why in [

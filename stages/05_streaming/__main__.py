@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> None:
               max_waiting=args.max_waiting)
     console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}, {args.dtype}")
     recorder = xray.recorder(args, {"model": args.model, "workload": args.command, "kv_memory": args.kv_memory},
-                             label=f"05 streaming ({args.command})")
+                             label=f"05 streaming ({args.command})",
+                             window=args.xray_window if args.command == "serve" else None)
     if recorder is not None:  # --trace/--xray/--chrome-trace: written when the demo ends, or the server stops
         llm.add_observer(recorder)
     try:

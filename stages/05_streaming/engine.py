@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 
 from common.engine import LLMEngine
 from common.engine_config import EngineConfig
@@ -18,6 +19,7 @@ from common.llm import LLM as FrontEnd
 from common.paths import DEFAULT_MODEL
 from common.sampling import SamplingParams
 from common.sequence import Sequence
+from common.stats import EngineStats
 from common.validate import InvalidParam
 from stages.kernels import build as kernels_build  # stage 04: engine.py
 
@@ -26,6 +28,7 @@ from .metrics import EngineMetrics, Gauges
 from .streams import QueueFull, RequestStream, StreamChunk
 
 _request_ids = itertools.count()
+SERVER_HISTORY = 1_000  # steps of timeline a server keeps (a generate call keeps common/stats.py's HISTORY)
 __all__ = ["LLM", "QueueFull", "RequestStream", "StreamChunk"]
 
 
@@ -97,6 +100,10 @@ class LLM(FrontEnd):
         stepping thread replaces whole, so a reader on another thread never sees it half-written."""
         return self.engine_gauges.snapshot
 
+    def server_gauges(self) -> dict[str, tuple[float, str]]:
+        """Gauges a later stage adds to the server's /metrics: name -> (value, help). None here."""
+        return {}
+
     def _run(self, seqs: list[Sequence]) -> None:
         """`generate`: submit every request, then read each to its end (stepping the engine here)."""
         streams = [RequestStream(f"req-{next(_request_ids)}", seq) for seq in seqs]
@@ -107,7 +114,9 @@ class LLM(FrontEnd):
 
     # ---- the loop, as a server drives it ----------------------------------------------------
     def run_forever(self, stop, on_start=None) -> None:
-        """Step the engine on this thread until ``stop`` is set (`EngineLoop.run_forever`)."""
+        """Step the engine on this thread until ``stop`` is set (`EngineLoop.run_forever`). A server's statistics
+        keep the last SERVER_HISTORY steps of timeline: nothing may grow per step for the server's life."""
+        self.stats = EngineStats(timeline=deque(maxlen=SERVER_HISTORY), block_timeline=deque(maxlen=SERVER_HISTORY))
         self.loop.run_forever(stop, on_start)
 
     def is_alive(self) -> bool:

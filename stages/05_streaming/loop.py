@@ -120,7 +120,8 @@ class EngineLoop:
         stream.sent_text, stream.sent_tokens = max(stream.sent_text, stable), len(seq.output_token_ids)
         if seq.is_finished:
             self.forget(stream)
-            stream.put(StreamChunk(text, ids, seq.finish_reason, seq.metrics, error=seq.error))
+            stream.put(StreamChunk(text, ids, seq.finish_reason, seq.metrics, error=seq.error,
+                                    rejected=seq.error is not None))
         elif text or ids:
             stream.put(StreamChunk(text, ids))
 

@@ -27,6 +27,8 @@ class StreamChunk:
     finish_reason: str | None = None  # set on the last chunk: "stop", "length", "abort" or "error"
     metrics: RequestMetrics | None = None  # on the last chunk
     error: str | None = None
+    # The request's own rules ended it (a constraint that no token can continue): the client's to fix, a 400.
+    rejected: bool = False
 
 
 @dataclass

@@ -8,6 +8,7 @@ compiled by each backend, and with --generate N greedy outputs validated (covera
 from __future__ import annotations
 
 import argparse
+import json
 
 from rich.console import Console
 from rich.table import Table
@@ -31,6 +32,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-memory", default="512MiB", help="KV budget: bytes, '256MiB', or a fraction of free memory")
     ap.add_argument("--num-forced-tokens", type=int, default=16, help="most forced tokens fed in one step (0: none)")
+    ap.add_argument("--grammar-cache-mb", type=float, default=256,
+                    help="compiled grammars kept, MiB (least recently used out first; grammar_cache.py)")
     ap.add_argument("--in-flight", default="1,64", help="demo: the in-flight limits the time per token is taken at")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
     ap.add_argument("--structured-outputs-config.backend", dest="backend", default="auto",
@@ -40,6 +43,9 @@ def main(argv=None) -> None:
     ap.add_argument("--splits", default=None, help="coverage: these splits only (comma-separated)")
     ap.add_argument("--generate", type=int, default=0, help="coverage: greedy outputs for N schemas, validated")
     ap.add_argument("--auto-only", action="store_true", help="coverage: xgrammar only where llguidance refuses")
+    ap.add_argument("--speculative-config", default=None, type=json.loads,
+                    help="serve: speculative decoding as vLLM's JSON (predictions draft only with it), e.g. "
+                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--served-model-name", default=None)
@@ -68,7 +74,10 @@ def main(argv=None) -> None:
 def make_llm(args, **changes) -> LLM:
     """This stage's engine with the command line's options (``changes``: another in-flight limit, no forced tokens)."""
     options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
-                   num_forced_tokens=args.num_forced_tokens, structured_outputs_config={"backend": args.backend})
+                   num_forced_tokens=args.num_forced_tokens, structured_outputs_config={"backend": args.backend},
+                   grammar_cache_mb=args.grammar_cache_mb)
+    if getattr(args, "speculative_config", None):
+        options["speculative_config"] = args.speculative_config
     return LLM(args.model, **{**options, **changes})
 
 

@@ -18,8 +18,9 @@ from .rewrites import Refused, clean
 class GuidanceGrammar:
     backend = "guidance"
 
-    def __init__(self, matcher, vocab_size: int, eos_ids: list[int]):
+    def __init__(self, matcher, vocab_size: int, eos_ids: list[int], source_bytes: int = 0):
         self.start, self.vocab_size, self.eos_ids = matcher, vocab_size, eos_ids
+        self.source_bytes = source_bytes  # the grammar's text, for the cache's estimate of its size
 
     def matcher(self) -> GuidanceMatcher:
         return GuidanceMatcher(self)
@@ -92,7 +93,7 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
     matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
     if matcher.is_error():
         raise ValueError(f"llguidance cannot enforce it: {matcher.get_error()}")
-    return GuidanceGrammar(matcher, vocab_size, eos_ids)
+    return GuidanceGrammar(matcher, vocab_size, eos_ids, len(grammar))
 
 
 def refusal(error: str, schema) -> Exception:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections import OrderedDict
+import threading
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from common.sampling import StructuredOutputsParams
 from common.validate import InvalidParam
 
 from .fsm import DFA, NFA, Trie, allowed_tokens, pack
+from .grammar_cache import DEFAULT_MAX_BYTES, GrammarCache
 from .regex import Unsupported, literal, parse
 from .backend_guidance import compile_guidance, guidance_tokenizer
 from .backend_xgrammar import compile_xgrammar, xgrammar_compiler
@@ -29,7 +30,6 @@ from .schema_check import xgrammar_reason
 from .vocab import token_bytes
 
 TERMINATED = -2  # the matcher's state after an EOS at the end of a match
-CACHE_SIZE = 256  # compiled grammars kept per tokenizer
 # auto's order. A JSON schema goes to llguidance first: on JSONSchemaBench it compiles 10-100 times faster than
 # xgrammar 0.2.9 (Snowplow's long maxLength strings took xgrammar seconds) and enforces more (allOf, a length beside
 # a pattern); xgrammar takes what llguidance refuses. EBNF grammars are xgrammar's dialect, so xgrammar first there.
@@ -43,10 +43,17 @@ class FSMGrammar:
     def __init__(self, tree: tuple, grammars: Grammars):
         self.dfa, self.g = DFA(NFA(tree)), grammars
         self.masks: dict[int, np.ndarray] = {}
+        # The DFA grows as requests reach new states, from the engine thread and from the threads that prepare
+        # requests (their first mask): one grows it at a time.
+        self.lock = threading.Lock()
 
     def mask(self, state: int) -> np.ndarray:
+        with self.lock:
+            return self.mask_locked(state)
+
+    def mask_locked(self, state: int) -> np.ndarray:
         if state not in self.masks:
-            if state == TERMINATED:
+            if state < 0:  # TERMINATED, or -1: a pattern no string matches (its start state was pruned: fsm.py)
                 allowed = []
             else:
                 allowed = allowed_tokens(self.dfa, state, self.g.trie)
@@ -60,6 +67,10 @@ class FSMGrammar:
     def forced_text(self, state: int) -> str:
         """The text every match must continue with from ``state``: bytes while exactly one byte keeps it alive and
         the pattern cannot end there, cut to whole characters."""
+        with self.lock:
+            return self.forced_text_locked(state)
+
+    def forced_text_locked(self, state: int) -> str:
         data, dfa = bytearray(), self.dfa
         while state >= 0 and not dfa.accepting(state) and len(data) < 256:
             live = [b for b, nxt in enumerate(dfa.row(state)) if nxt >= 0]
@@ -79,13 +90,14 @@ class FSMMatcher:
 
     def accept(self, token: int) -> bool:
         s, dfa = self.states[-1], self.grammar.dfa
-        if s == TERMINATED:
+        if s < 0:
             return False
         if token in self.grammar.g.eos_ids:
             nxt = TERMINATED if dfa.accepting(s) else -1
         else:
             data = self.grammar.g.vocab[token] if token < len(self.grammar.g.vocab) else None
-            nxt = dfa.walk(s, data) if data else -1
+            with self.grammar.lock:
+                nxt = dfa.walk(s, data) if data else -1
         if nxt == -1:
             return False
         self.states.append(nxt)
@@ -103,12 +115,13 @@ class FSMMatcher:
 
 
 class Grammars:
-    """One tokenizer's compiled constraints (an LRU cache), its token trie and its xgrammar compiler."""
+    """One tokenizer's compiled constraints (an LRU cache bounded in bytes), its token trie and its xgrammar
+    compiler."""
 
-    def __init__(self, folder: str, vocab_size: int, eos_ids: tuple[int, ...]):
+    def __init__(self, folder: str, vocab_size: int, eos_ids: tuple[int, ...], cache_bytes: int = DEFAULT_MAX_BYTES):
         self.folder, self.vocab_size, self.eos_ids = folder, vocab_size, list(eos_ids)
         self.vocab = token_bytes(folder, vocab_size)
-        self.cache: OrderedDict = OrderedDict()
+        self.cache = GrammarCache(cache_bytes)
 
     @functools.cached_property
     def trie(self) -> Trie:
@@ -123,17 +136,11 @@ class Grammars:
         return guidance_tokenizer(self.folder, self.vocab_size, self.eos_ids)
 
     def compile(self, so: StructuredOutputsParams, backend: str = "auto"):
-        """The compiled constraint (cached); `InvalidParam` with the reason when it cannot be enforced."""
+        """The compiled constraint (cached, bounded in bytes: grammar_cache.py); `InvalidParam` with the reason when
+        it cannot be enforced."""
         key = (so.kind, json.dumps(so.schema, sort_keys=True) if so.kind == "json" else repr(getattr(so, so.kind)),
                so.disable_any_whitespace, backend)
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return self.cache[key]
-        grammar = self.build(so, backend)
-        self.cache[key] = grammar
-        if len(self.cache) > CACHE_SIZE:
-            self.cache.popitem(last=False)
-        return grammar
+        return self.cache.get(key, lambda: self.build(so, backend))
 
     def build(self, so: StructuredOutputsParams, backend: str = "auto"):
         """The one compile entry: ``backend`` "fsm", "xgrammar", "guidance", or "auto" (the hand-written automaton
@@ -164,7 +171,26 @@ class Grammars:
                            f"{'no backend enforces it: ' if len(reasons) > 1 else ''}{'; '.join(reasons)}")
 
 
-@functools.cache
-def grammars_for(folder: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Grammars:
-    """One `Grammars` per tokenizer in this process: the reference and every stage share its compiled grammars."""
-    return Grammars(folder, vocab_size, eos_ids)
+GRAMMARS: dict[tuple, Grammars] = {}  # every tokenizer's (and cache bound's) in this process
+GRAMMARS_LOCK = threading.Lock()  # requests are prepared on several threads
+
+
+def grammars_for(folder: str, vocab_size: int, eos_ids: tuple[int, ...],
+                 cache_bytes: int = DEFAULT_MAX_BYTES) -> Grammars:
+    """One `Grammars` per tokenizer (and cache bound) in this process: the reference and every stage share its
+    compiled grammars."""
+    key = (folder, vocab_size, eos_ids, cache_bytes)
+    with GRAMMARS_LOCK:
+        if key not in GRAMMARS:
+            GRAMMARS[key] = Grammars(folder, vocab_size, eos_ids, cache_bytes)
+        return GRAMMARS[key]
+
+
+def cache_stats(folder: str, cache_bytes: int) -> dict[str, int]:
+    """The grammar caches' figures for one model folder and bound, summed over its EOS sets (usually one)."""
+    with GRAMMARS_LOCK:
+        caches = [g.cache for (f, _, _, b), g in GRAMMARS.items() if f == folder and b == cache_bytes]
+    total = {"bytes": 0, "max_bytes": cache_bytes, "entries": 0, "hits": 0, "misses": 0, "evictions": 0}
+    for cache in caches:
+        total |= {k: v + total[k] for k, v in cache.stats().items() if k != "max_bytes"}
+    return total

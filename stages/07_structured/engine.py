@@ -25,7 +25,7 @@ from stages.paged_kv import kv_blocks  # stage 03: engine.py
 from stages.speculative import STAGE_DEFAULT, SpeculativeScheduler, paged_cache, speculative_proposers  # stage 06
 from stages.streaming import LLM as StreamingLLM  # stage 05: engine.py
 
-from .backends import grammars_for
+from .backends import cache_stats, grammars_for
 from .constraint import GrammarConstraint, single_token
 from .forced import ForcedTokens
 
@@ -52,12 +52,17 @@ class StructuredOutputs:
         if so is None:
             return []
         eos = tuple(sorted(request.eos_token_ids))
-        grammars = grammars_for(str(self.folder), self.config.vocab_size, eos)
-        grammar = grammars.compile(so, self.engine_config.structured_outputs.backend)
+        options = self.engine_config.structured_outputs
+        grammars = grammars_for(str(self.folder), self.config.vocab_size, eos, options.grammar_cache_bytes)
+        grammar = grammars.compile(so, options.backend)
         masking = params.allowed_token_ids is not None or bool(params.bad_words) or params.min_tokens > 0
         rule = GrammarConstraint(grammar.matcher(), list(eos), self.config.vocab_size, check_empty=masking)
-        if params.allowed_token_ids is not None:  # the one conflict visible before the first step
-            first = rule.mask()
+        first = rule.mask()  # computed here, on the thread that prepares the request, and kept for its first step
+        if not first.any():  # nothing may begin the output and the empty one is not allowed: no string matches
+            raise InvalidParam("structured_outputs", f"structured_outputs ({so.kind}) admits no output at all: no "
+                                                     "token may begin it and it does not allow the empty string; "
+                                                     "fix the constraint so that some text matches it")
+        if params.allowed_token_ids is not None:  # the one conflict with the request's other rules visible up front
             allowed = [t for t in params.allowed_token_ids if first[t // 32] >> (t % 32) & 1]
             if not allowed:
                 example = single_token(first)
@@ -70,6 +75,16 @@ class StructuredOutputs:
 
 class LLM(StructuredOutputs, StreamingLLM):
     """Stage 05's front end over this stage's engine, applying structured_outputs."""
+
+    def server_gauges(self) -> dict[str, tuple[float, str]]:
+        """Stage 05's gauges and the compiled-grammar cache's size (grammar_cache.py), for /metrics."""
+        stats = cache_stats(str(self.folder), self.engine_config.structured_outputs.grammar_cache_bytes)
+        return super().server_gauges() | {
+            "stepwise_grammar_cache_bytes": (stats["bytes"], "Compiled grammars kept, bytes (estimated)"),
+            "stepwise_grammar_cache_max_bytes": (stats["max_bytes"], "The grammar cache's bound, bytes"),
+            "stepwise_grammar_cache_entries": (stats["entries"], "Compiled grammars kept"),
+            "stepwise_grammar_cache_evictions": (stats["evictions"], "Grammars dropped to stay under the bound")}
+
     build = staticmethod(build)
     # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm), as stage 06.
     command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})

@@ -46,6 +46,23 @@ class NFA:
         self.edges: list[list[tuple[int, int, int]]] = []
         self.eps: list[list[int]] = []
         self.start, self.accept = self.build(tree)
+        self.live = self.reaching_accept()
+
+    def reaching_accept(self) -> frozenset[int]:
+        """The states from which some byte sequence reaches the accepting state. The others are dead ends (a part
+        after an empty class, ``a[^\\s\\S]``): the DFA drops them, so a token that leads only into one is never
+        allowed, and a pattern no string matches has no token at its start (the server refuses it up front)."""
+        into: list[list[int]] = [[] for _ in self.eps]
+        for s, (edges, eps) in enumerate(zip(self.edges, self.eps)):
+            for t in [t for _, _, t in edges] + eps:
+                into[t].append(s)
+        seen, stack = {self.accept}, [self.accept]
+        while stack:
+            for s in into[stack.pop()]:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return frozenset(seen)
 
     def new(self) -> int:
         if len(self.eps) >= MAX_NFA_STATES:
@@ -115,6 +132,7 @@ class DFA:
         self.start = self.state(nfa.closure([nfa.start]))
 
     def state(self, nfa_states: frozenset[int]) -> int:
+        nfa_states = nfa_states & self.nfa.live  # dead ends pruned: a state that cannot match is no state (-1)
         if not nfa_states:
             return -1
         if nfa_states not in self.ids:

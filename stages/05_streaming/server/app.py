@@ -28,7 +28,8 @@ from ..engine import LLM, QueueFull, RequestStream
 from .answers import collect, stream_events, whole_choice
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
-from .protocol import ChatCompletionRequest, CompletionRequest, parse_request, sampling_params
+from .params import sampling_params
+from .protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from .responses import ClosingStream, prediction_details, usage
 from .drain import Drain
 
@@ -73,14 +74,15 @@ def create_app(llm, model_name: str = DEFAULT_MODEL, *, api_key: str | None = No
 async def completions(request: Request):
     api: Api = request.app.state.api
     req = await read(api, request, CompletionRequest)
-    ids = req.prompt if isinstance(req.prompt, list) else api.engine.tokenizer.encode(req.prompt)
+    ids = req.prompt if isinstance(req.prompt, list) else await prepare(api, api.engine.tokenizer.encode, req.prompt)
     return await respond(api, request, req, ids, chat=False)
 
 
 async def chat_completions(request: Request):
     api: Api = request.app.state.api
     req = await read(api, request, ChatCompletionRequest)
-    ids = api.engine.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in req.messages])
+    ids = await prepare(api, api.engine.tokenizer.encode_chat,
+                        [{"role": m.role, "content": m.content} for m in req.messages])
     return await respond(api, request, req, ids, chat=True)
 
 
@@ -108,6 +110,14 @@ async def read(api: Api, request: Request, model: type):
         raise APIError(404, f"the model {clip(req.model)} does not exist; this server serves {api.model_name!r}",
                        "model", code="model_not_found")
     return req
+
+
+async def prepare(api: Api, fn, *args):
+    """A prompt's tokenization on the engine's worker threads where it has them (`LocalEngine.prepare`): a long
+    prompt must not hold the event loop that streams every other request's tokens."""
+    if hasattr(api.engine, "prepare"):
+        return await api.engine.prepare(fn, *args)
+    return fn(*args)
 
 
 async def submit(api: Api, ids: list[int], params) -> list[RequestStream]:
@@ -144,7 +154,12 @@ async def respond(api: Api, request: Request, req, ids: list[int], chat: bool):
     if params.logprobs is not None and not isinstance(api.engine, LocalEngine):
         raise APIError(400, "logprobs are served by a single engine, not through the cluster's gateway",
                        "top_logprobs" if chat else "logprobs")
-    streams = await submit(api, ids, params)
+    try:
+        streams = await submit(api, ids, params)
+    except APIError as e:  # a constraint refused when the request was prepared: named as the client sent it
+        if e.param == "structured_outputs" and getattr(req, "structured_outputs", None) is None:
+            e = APIError(e.status, e.message.replace("structured_outputs", "response_format"), "response_format")
+        raise e from None
     echo = ""  # completions' echo: the prompt's text (and log-probabilities) come first
     if not chat and req.echo:
         echo = req.prompt if isinstance(req.prompt, str) else api.engine.tokenizer.decode(ids)

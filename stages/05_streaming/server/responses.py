@@ -104,7 +104,10 @@ def with_details(event: str, details) -> str:
 
 
 def ended_early(chunk) -> APIError:
-    """The request was aborted (the server is shutting down) or failed in the engine."""
+    """The request was aborted (the server is shutting down), ended by its own rules (its constraint allowed no
+    token at some position: the request's fault, a 400 however far it got) or failed in the engine (a 500)."""
     if chunk.finish_reason == "abort":
         return APIError(503, "the server is shutting down; the request was stopped", kind="server_overloaded")
+    if getattr(chunk, "rejected", False):
+        return APIError(400, chunk.error, "structured_outputs")
     return APIError(500, chunk.error or "the engine failed", kind="server_error")

@@ -100,7 +100,8 @@ function loadTrace(trace) {
   }
   const meta = (trace.runs[0] || {}).meta || {};
   $("subtitle").textContent = [meta.workload && `${meta.workload} workload`, meta.requests && `${meta.requests} requests`,
-    meta.model, meta.kv_memory && `KV budget ${meta.kv_memory}`].filter(Boolean).join(" \u00b7 ");
+    meta.model, meta.kv_memory && `KV budget ${meta.kv_memory}`,
+    meta.window && `the last ${meta.window.toLocaleString()} steps at most (--xray-window)`].filter(Boolean).join(" \u00b7 ");
   $("footer").textContent = `Recorded by stepwise (X-ray format ${trace.format} v${trace.version}); ` +
     "every number is the engine's own counter after the step.";
   buildCharts();

@@ -1,0 +1,92 @@
+"""The compiled grammars a server keeps, bounded in bytes: least recently used out first.
+
+A compiled grammar is shared by every request that asks for the same constraint, so compiling it once pays off;
+but a count of entries bounds nothing: one distinct 275 KB JSON schema compiles to tens of MiB on SmolLM2's
+49,152-token vocabulary, and a client sending distinct schemas would grow the server until the machine swaps.
+So the cache counts bytes (``max_bytes``, 256 MiB by default; ``serve --grammar-cache-mb``) and, past them,
+drops the grammars used longest ago. It is the only cache of compiled grammars in the process: xgrammar's own
+compiler cache is turned off (backends.py), or every grammar would be held twice and one copy never bounded.
+
+What a grammar costs (`grammar_bytes`) is an estimate, documented as such:
+* xgrammar: 1.5 x its own ``memory_size_bytes``. Measured on SmolLM2's vocabulary (xgrammar 0.2.9, its cache off)
+  the process grew 1.2-1.25 x that figure per grammar kept (49 KB and 289 KB schemas); 1.5 x errs on the side of
+  keeping the process under the bound.
+* llguidance: ``GUIDANCE_BASE_BYTES`` plus ``GUIDANCE_FACTOR`` x its grammar's text. llguidance builds its
+  lexer lazily and reports no size; the figures are an estimate (see GUIDANCE_* below), not a measurement.
+* the hand-written automaton: its masks (one bit per vocabulary token per state reached), its DFA's rows (256
+  list slots of 8 bytes) and its NFA (about 200 bytes a state). It grows as requests reach new states, so it is
+  measured again whenever the cache is, not only when it enters.
+A request keeps its grammar alive while it runs, so an entry dropped here is freed when its last request ends.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+DEFAULT_MAX_BYTES = 256 * 2**20
+XGRAMMAR_FACTOR = 1.5  # process bytes per byte of xgrammar's memory_size_bytes (measured 1.2-1.25; see above)
+GUIDANCE_BASE_BYTES = 2**20  # a matcher's parser and lexer state
+GUIDANCE_FACTOR = 32  # bytes held per byte of the grammar's text (lexer DFA states grow with the terminals)
+NFA_STATE_BYTES = 200
+DFA_ROW_BYTES = 256 * 8 + 64
+
+
+def grammar_bytes(grammar) -> int:
+    """The bytes a compiled grammar holds, estimated as the module's docstring says."""
+    compiled = getattr(grammar, "compiled", None)
+    if compiled is not None:  # xgrammar's
+        return int(XGRAMMAR_FACTOR * compiled.memory_size_bytes)
+    if getattr(grammar, "backend", None) == "guidance":
+        return GUIDANCE_BASE_BYTES + GUIDANCE_FACTOR * grammar.source_bytes
+    with grammar.lock:  # the engine thread may be adding a state
+        masks = sum(m.nbytes for m in grammar.masks.values())
+        return masks + DFA_ROW_BYTES * len(grammar.dfa.rows) + NFA_STATE_BYTES * len(grammar.dfa.nfa.eps)
+
+
+class GrammarCache:
+    """Key -> compiled grammar, least recently used first; the sum of `grammar_bytes` kept under ``max_bytes``
+    (the newest grammar is kept even when it alone is larger: its request needs it). Safe from several threads:
+    requests are prepared on worker threads."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+        self.hits = self.misses = self.evictions = 0
+
+    def get(self, key, build: Callable[[], object]):
+        """The grammar for ``key``, built with ``build()`` on a miss (outside the lock: a compilation may take
+        seconds, and other keys must not wait for it; two threads missing the same key both build it once)."""
+        with self.lock:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                self.hits += 1
+                return self.entries[key]
+            self.misses += 1
+        grammar = build()
+        with self.lock:
+            self.entries[key] = grammar
+            self.entries.move_to_end(key)
+            self.evict()
+        return grammar
+
+    def evict(self) -> None:
+        sizes = {key: grammar_bytes(g) for key, g in self.entries.items()}
+        total = sum(sizes.values())
+        while total > self.max_bytes and len(self.entries) > 1:
+            key, _ = self.entries.popitem(last=False)
+            total -= sizes[key]
+            self.evictions += 1
+
+    def nbytes(self) -> int:
+        with self.lock:
+            return sum(grammar_bytes(g) for g in self.entries.values())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def stats(self) -> dict[str, int]:
+        """What /metrics shows: bytes held, the bound, entries, hits, misses and evictions since the start."""
+        return {"bytes": self.nbytes(), "max_bytes": self.max_bytes, "entries": len(self.entries),
+                "hits": self.hits, "misses": self.misses, "evictions": self.evictions}

@@ -1,0 +1,59 @@
+"""The soak's output: a live table while it runs, the verdict's table, the requests by kind, and a plot of the
+sampled series over time (``--plot``)."""
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def live_table(samples: list[dict], traffic, minutes: float) -> Table:
+    s = samples[-1] if samples else {}
+    t = Table(title=f"soak: {s.get('t', 0) / 60:.1f} of {minutes:g} min")
+    for col in ("RSS MiB", "fds", "threads", "KV used", "grammar MiB", "in flight", "ok", "4xx", "5xx", "invalid"):
+        t.add_column(col, justify="right")
+    if s:
+        o = traffic.outcomes
+        t.add_row(f"{s['rss'] / 2**20:.0f}", str(s["fds"]), str(s["threads"]), f"{s['kv_used']:.0f}",
+                  f"{s['grammar_bytes'] / 2**20:.1f}", str(traffic.in_flight), str(o["ok"]), str(o["4xx"]),
+                  str(o["5xx"]), str(o["invalid"]))
+    return t
+
+
+def verdict_table(result: dict) -> Table:
+    t = Table(title=f"soak verdict: {'PASS' if result['ok'] else 'FAIL'}")
+    t.add_column("check")
+    t.add_column("result")
+    t.add_column("measured", overflow="fold")
+    for name, (ok, why) in result["checks"].items():
+        t.add_row(name, "[green]pass[/]" if ok else "[red]FAIL[/]", why)
+    return t
+
+
+def kinds_table(counts: dict[str, dict[str, int]]) -> Table:
+    t = Table(title="requests by kind")
+    outcomes = ("ok", "4xx", "5xx", "invalid", "other")
+    for col in ("kind", *outcomes):
+        t.add_column(col, justify="right")
+    for kind, c in counts.items():
+        t.add_row(kind, *(str(c.get(o, 0)) for o in outcomes))
+    t.add_row("all", *(str(sum(c.get(o, 0) for c in counts.values())) for o in outcomes))
+    return t
+
+
+def plot(samples: list[dict], ttfts: list[tuple[float, float]], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    series = [("RSS (MiB)", lambda s: s["rss"] / 2**20), ("open fds", lambda s: s["fds"]),
+              ("threads", lambda s: s["threads"]), ("KV blocks used", lambda s: s["kv_used"]),
+              ("grammar cache (MiB)", lambda s: s["grammar_bytes"] / 2**20)]
+    fig, axes = plt.subplots(len(series) + 1, 1, figsize=(9, 2 * (len(series) + 1)), sharex=True)
+    minutes = [s["t"] / 60 for s in samples]
+    for ax, (label, get) in zip(axes, series):
+        ax.plot(minutes, [get(s) for s in samples])
+        ax.set_ylabel(label, fontsize=8)
+    axes[-1].scatter([t / 60 for t, _ in ttfts], [v * 1e3 for _, v in ttfts], s=2)
+    axes[-1].set_ylabel("TTFT (ms)", fontsize=8)
+    axes[-1].set_xlabel("minutes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
