@@ -42,6 +42,7 @@ def main(argv=None) -> None:
     ap.add_argument("--limit", type=int, default=None, help="coverage: the first N schemas of each split")
     ap.add_argument("--splits", default=None, help="coverage: these splits only (comma-separated)")
     ap.add_argument("--generate", type=int, default=0, help="coverage: greedy outputs for N schemas, validated")
+    ap.add_argument("--compact", action="store_true", help="coverage --generate: disable_any_whitespace")
     ap.add_argument("--auto-only", action="store_true", help="coverage: xgrammar only where llguidance refuses")
     ap.add_argument("--speculative-config", default=None, type=json.loads,
                     help="serve: speculative decoding as vLLM's JSON (predictions draft only with it), e.g. "

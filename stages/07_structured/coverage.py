@@ -121,7 +121,8 @@ def show(report: dict, console: Console) -> None:
     console.print(reasons)
 
 
-def generate(llm, splits: dict, report: dict, n: int, max_tokens: int, console: Console) -> dict:
+def generate(llm, splits: dict, report: dict, n: int, max_tokens: int, console: Console,
+             compact: bool = False) -> dict:
     """Greedy generations for ``n`` schemas ``auto`` serves, taken from each split in turn; each output that ends by
     itself parsed and validated with ``jsonschema`` under the schema's own draft."""
     from jsonschema.validators import validator_for
@@ -134,7 +135,8 @@ def generate(llm, splits: dict, report: dict, n: int, max_tokens: int, console: 
         prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": f"Write one JSON value for the schema "
                                                f"{name.split('.')[0]}."}]) for _, name in batch]
         params = [SamplingParams(temperature=0, max_tokens=max_tokens,
-                                 structured_outputs={"json": splits[s][name]}) for s, name in batch]
+                                 structured_outputs={"json": splits[s][name], "disable_any_whitespace": compact})
+                  for s, name in batch]
         for (s, name), out in zip(batch, llm.generate(prompts, params)):
             counts[out.finish_reason] += 1
             if out.finish_reason != "stop":
@@ -163,7 +165,8 @@ def main(args, make_llm, folder: str, vocab_size: int, eos: tuple[int, ...]) -> 
     report = run(folder, vocab_size, eos, splits, console, every=not args.auto_only)
     show(report, console)
     if args.generate:
-        report["generate"] = generate(make_llm(args), splits, report, args.generate, args.max_tokens, console)
+        report["generate"] = generate(make_llm(args), splits, report, args.generate, args.max_tokens, console,
+                                      args.compact)
         g = report["generate"]
         console.print(f"{g['generations']} generations: {g['finish']}; outputs that ended by themselves and fail "
                       f"validation: {len(g['invalid'])}")
