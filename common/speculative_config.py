@@ -4,6 +4,11 @@ each error naming the key to fix. Stage 06 (stages/06_speculative/) reads it to 
     LLM(..., speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                  "prompt_lookup_min": 2, "prompt_lookup_max": 5})
     LLM(..., speculative_config={"method": "draft_model", "num_speculative_tokens": 4})  # int4 copy of the model
+    LLM(..., speculative_config={"method": "suffix", "num_speculative_tokens": 8,  # suffix trees, vLLM's keys
+                                 "suffix_decoding_max_tree_depth": 24, "suffix_decoding_min_token_prob": 0.1})
+
+Whatever the method, drafts are fed where the adaptive policy finds they pay (``enable_adaptive_verification``,
+on by default here) unless it is set to False (every draft fed) or ``disable_by_batch_size`` stops them.
 
 A request's predicted output (``SamplingParams.prediction``, OpenAI's predicted outputs) is its own draft
 whichever method is set; without a ``speculative_config`` nothing is drafted at all (stage 05).

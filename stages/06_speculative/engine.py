@@ -100,7 +100,7 @@ class LLM(StreamingLLM):
         most = min(sched.max_num_batched_tokens, (bm.num_free_blocks - sched.max_num_seqs - 1) * bm.block_size)
         k = self.engine_config.speculative.num_speculative_tokens
         points = calibration_points(min(sched.max_num_seqs, 64), k, most)
-        for i, (batch, rows) in enumerate(points * 2):  # the first round pays one-time costs, unmeasured
+        for i, (batch, rows) in enumerate(points[-1:] + points):  # the first pays one-time costs, unmeasured
             prompts = calibration_prompts(batch, rows, self.config.vocab_size, seed=i)
             try:
                 for seq in [s for p in prompts for s in self.make_samples(p, {"temperature": 0, "max_tokens": 1})]:
@@ -108,7 +108,7 @@ class LLM(StreamingLLM):
                 start = time.perf_counter()
                 engine.step()
                 seconds = time.perf_counter() - start
-                if i >= len(points) and not engine.has_work():  # one step took them all
+                if i > 0 and not engine.has_work():  # one step took them all
                     policy.cost.observe(batch, rows, seconds)
                 while engine.has_work():
                     engine.step()
