@@ -4,6 +4,11 @@ each error naming the key to fix. Stage 06 (stages/06_speculative/) reads it to 
     LLM(..., speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                  "prompt_lookup_min": 2, "prompt_lookup_max": 5})
     LLM(..., speculative_config={"method": "draft_model", "num_speculative_tokens": 4})  # int4 copy of the model
+    LLM(..., speculative_config={"method": "suffix", "num_speculative_tokens": 8,  # suffix trees, vLLM's keys
+                                 "suffix_decoding_max_tree_depth": 24, "suffix_decoding_min_token_prob": 0.1})
+
+Whatever the method, drafts are fed where the adaptive policy finds they pay (``enable_adaptive_verification``,
+on by default here) unless it is set to False (every draft fed) or ``disable_by_batch_size`` stops them.
 
 A request's predicted output (``SamplingParams.prediction``, OpenAI's predicted outputs) is its own draft
 whichever method is set; without a ``speculative_config`` nothing is drafted at all (stage 05).
@@ -13,13 +18,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from common.validate import InvalidParam, check_int, clip
+from common.validate import InvalidParam, check_bool, check_int, clip
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "suffix")
 # Past 16 drafts the later positions are almost never accepted, while every one of them is a row to verify.
 MAX_SPECULATIVE_TOKENS = 16
 KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization",
-        "disable_by_batch_size"}
+        "disable_by_batch_size", "enable_adaptive_verification", *(f"suffix_decoding_{k}" for k in
+        ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"))}
+# vLLM's defaults for method "suffix" (vllm/config/speculative.py): tree depth 24, 10,000 cached answers, drafts of up
+# to 1.0 x the match's length, tokens of estimated probability >= 0.1.
+SUFFIX_DEFAULTS = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
+                   "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1}
 NGRAM_DEFAULT = 5  # vLLM's prompt_lookup_min and _max when neither is given
 
 
@@ -33,6 +43,11 @@ class SpeculativeConfig:
     quantization: str | None = None  # draft_model: its weights ("int4" by default: the same model, 4 bits)
     # vLLM's key: no drafts while more requests than this run (batching fills the step: speculation stops paying)
     disable_by_batch_size: int | None = None
+    # vLLM's key (off by default there): feed only the drafts worth their rows, by a step-cost model measured on
+    # this machine and each request's acceptance (stages/06_speculative/cost_model.py). On by default here: on a
+    # CPU the rows of a verify pass are seldom free, and a fixed disable_by_batch_size suits one machine only.
+    enable_adaptive_verification: bool = True
+    suffix: tuple = ()  # suffix: (max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
 
     @classmethod
     def parse(cls, value) -> SpeculativeConfig | None:
@@ -91,7 +106,13 @@ class SpeculativeConfig:
         off = value.get("disable_by_batch_size")
         if off is not None:
             check_int("speculative_config.disable_by_batch_size", off, 1)
-        return cls(method, k, lo, hi, value.get("model"), quantization, off)
+        adaptive = value.get("enable_adaptive_verification", True)
+        check_bool("speculative_config.enable_adaptive_verification", adaptive)
+        return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix_options(method, value))
+
+    @property
+    def suffix_options(self) -> dict:
+        return dict(zip(("depth", "max_cached_requests", "factor", "min_prob"), self.suffix))
 
     def check_budget(self, max_num_batched_tokens: int) -> None:
         """A sequence's drafts are fed whole in one step, with its own token: k + 1 must fit a step."""
@@ -103,7 +124,33 @@ class SpeculativeConfig:
 
     def describe(self) -> str:
         k, off = self.num_speculative_tokens, self.disable_by_batch_size
-        until = f", off above {off} running" if off else ""
+        until = (f", off above {off} running" if off else "") + \
+            (", adaptive: drafts fed where they pay" if self.enable_adaptive_verification else ", every draft fed")
         if self.method == "ngram":
             return f"ngram (k={k}, prompt_lookup_min={self.prompt_lookup_min}, max={self.prompt_lookup_max}{until})"
+        if self.method == "suffix":
+            depth, cached, factor, prob = self.suffix
+            return (f"suffix (k={k}, tree depth {depth}, {cached} answers cached, spec factor {factor}, min token "
+                    f"prob {prob}{until})")
         return f"draft_model (k={k}, {self.model or 'the same model'}, {self.quantization or 'unquantized'}{until})"
+
+
+def suffix_options(method: str, value: dict) -> tuple:
+    """The four suffix_decoding_* keys of method 'suffix', checked (defaults: vLLM's); refused for another method."""
+    if method != "suffix":
+        for key in SUFFIX_DEFAULTS:
+            if value.get(key) is not None:
+                raise InvalidParam(f"speculative_config.{key}", f"speculative_config.{key} applies to method "
+                                   f"'suffix' only, not {method!r}")
+        return ()
+    got = {key: value.get(key, default) for key, default in SUFFIX_DEFAULTS.items()}
+    check_int("speculative_config.suffix_decoding_max_tree_depth", got["suffix_decoding_max_tree_depth"], 2, 256)
+    check_int("speculative_config.suffix_decoding_max_cached_requests", got["suffix_decoding_max_cached_requests"],
+              0, 1_000_000)
+    for key, lo, hi in (("suffix_decoding_max_spec_factor", 0.0, 64.0), ("suffix_decoding_min_token_prob", 0.0, 1.0)):
+        x = got[key]
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi or (key.endswith("factor")
+                                                                                          and x == 0):
+            raise InvalidParam(f"speculative_config.{key}", f"speculative_config.{key}={clip(x)} is invalid: give a "
+                               f"number {'above' if key.endswith('factor') else 'from'} {lo} to {hi}")
+    return tuple(got.values())

@@ -18,7 +18,7 @@ from stages.cli import device_arg
 from stages.xray import cli as xray
 
 from common.speculative_config import SpeculativeConfig
-from stages.speculative.defaults import COMPARE_DEFAULT, STAGE_DEFAULT
+from stages.speculative.defaults import COMPARE_DEFAULT, DRAFT_ALWAYS, STAGE_DEFAULT
 from stages.speculative.workloads import WORKLOADS
 
 
@@ -56,11 +56,16 @@ def main(argv=None) -> None:
     ap.add_argument("--quantization", default=None, choices=["int8", "int4", "w4a8"])
     ap.add_argument("--device", default="auto", type=device_arg)
     ap.add_argument("--speculative-config", type=speculative_config, default=None,
-                    help=f"vLLM's keys as JSON (compare's default {json.dumps(COMPARE_DEFAULT)}, drafting at every "
-                         f"batch size; serve's {json.dumps(STAGE_DEFAULT)}); method 'draft_model' drafts with the "
-                         f"int4 copy of the model")
+                    help=f"vLLM's keys as JSON (default {json.dumps(STAGE_DEFAULT)}: drafts fed where the adaptive "
+                         f"policy finds they pay); method 'draft_model' drafts with the int4 copy of the model, "
+                         f"'suffix' from suffix trees of this and earlier requests")
+    ap.add_argument("--draft-always", action="store_true",
+                    help=f"compare: feed every draft at every size ({json.dumps(DRAFT_ALWAYS)}): the crossover")
     ap.add_argument("--workload", dest="workloads", type=workload_list, default=list(WORKLOADS),
-                    help="compare: edit (with predictions), extract (n-gram), chat (where drafts seldom match)")
+                    help="compare: edit (with predictions), extract (n-gram), chat (where drafts seldom match), "
+                         "agentic (one file edited turn after turn)")
+    ap.add_argument("--methods", default="ngram,suffix",
+                    help="compare: also tokens per step by drafting method at 1 in flight ('' for none)")
     ap.add_argument("--in-flight", type=int_list, default=[1, 8, 64], help="compare: max_num_seqs values")
     ap.add_argument("--num-requests", type=int, default=8, help="compare: requests per run (at least the limit)")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -74,7 +79,8 @@ def main(argv=None) -> None:
     xray.add_arguments(ap)  # compare: stage 06's runs, one per workload and in-flight limit
     args = ap.parse_args(argv)
     if args.speculative_config is None:
-        args.speculative_config = json.dumps(COMPARE_DEFAULT if args.command == "compare" else STAGE_DEFAULT)
+        always = args.command == "compare" and args.draft_always
+        args.speculative_config = json.dumps(DRAFT_ALWAYS if always else COMPARE_DEFAULT)
     try:
         run(args)
     except InvalidParam as e:
@@ -100,6 +106,12 @@ def run(args: argparse.Namespace) -> None:
     from stages.speculative.measure import measure, report
     recorder = xray.recorder(args, {"model": args.model, "speculative_config": str(args.speculative_config)})
     report(measure(args, console, recorder), args, console)
+    from stages.speculative import method_table
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if any(m not in method_table.METHODS for m in methods):
+        raise SystemExit(f"error: --methods {args.methods!r}: use {', '.join(method_table.METHODS)}")
+    if methods:
+        method_table.report(method_table.method_rows(args, methods), console)
     if recorder is not None:
         xray.write_outputs(recorder, args, console)
 

@@ -34,6 +34,7 @@ class DraftState:
 
 
 class DraftModelProposer(Proposer):
+    cheap = False  # each draft token is a pass of the draft model: asked only for the drafts worth feeding
     def __init__(self, model: Llama, cache: PagedKVCache, block_manager: BlockManager, max_catch_up: int, k: int,
                  disable_by_batch_size: int | None = None):
         """``cache`` and ``block_manager``: the draft model's own pool, of the engine's kind and size."""

@@ -10,6 +10,7 @@ exactly those one-at-a-time decoding gives, greedy or seeded); the KV slots of t
 """
 from __future__ import annotations
 
+import time
 from types import MappingProxyType
 
 from common.engine import LLMEngine
@@ -22,11 +23,13 @@ from stages.kernels import KernelLlama, KernelPagedCache  # stage 04: model.py, 
 from stages.paged_kv import BlockManager, kv_blocks  # stage 03: block_manager.py, engine.py
 from stages.streaming import LLM as StreamingLLM  # stage 05: engine.py
 
+from .cost_model import AdaptiveDrafts, calibration_points, calibration_prompts
 from .defaults import STAGE_DEFAULT
 from .draft_model import DraftModelProposer
 from .proposers import NgramProposer, PredictionProposer, Proposer
 from .scheduler import SpeculativeScheduler
 from .spec_stats import SpecStats
+from .suffix import SuffixProposer
 
 
 def paged_cache(model: Llama, blocks: BlockManager, fused_attention: bool = False) -> KernelPagedCache:
@@ -44,6 +47,8 @@ def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: Lla
     k, off = spec.num_speculative_tokens, spec.disable_by_batch_size
     if spec.method == "ngram":
         method = NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max, off)
+    elif spec.method == "suffix":
+        method = SuffixProposer(k, **spec.suffix_options, disable_by_batch_size=off)  # suffix.py
     else:
         folder = str(resolve_model(spec.model)) if spec.model else config.model.folder
         dtype = "bfloat16" if spec.quantization else config.model.dtype  # quantized weights compute in bfloat16
@@ -57,12 +62,19 @@ def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: Lla
     return [PredictionProposer(tokenizer, k, off), method]
 
 
+def speculative_policy(config: EngineConfig) -> AdaptiveDrafts | None:
+    """The adaptive policy (cost_model.py) unless ``enable_adaptive_verification`` is off (every draft fed)."""
+    spec = config.speculative
+    return AdaptiveDrafts() if spec is not None and spec.enable_adaptive_verification else None
+
+
 def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
     """Stage 04's engine (stage 03's paging, stage 04's kernels) with this stage's scheduler and proposers."""
     model = config.model.load(KernelLlama)  # stage 04
     blocks = kv_blocks(config, model)  # stage 03: the block pool and its prefix cache
     proposers = speculative_proposers(config, tokenizer, model, blocks)  # proposers.py, draft_model.py
-    scheduler = SpeculativeScheduler(config.scheduler, blocks, proposers)  # scheduler.py: stage 03's, and drafts
+    scheduler = SpeculativeScheduler(config.scheduler, blocks, proposers,  # scheduler.py: stage 03's, and drafts
+                                     speculative_policy(config))  # cost_model.py
     return LLMEngine(model, scheduler, paged_cache(model, blocks, config.cache.fused_attention), ModelRunner(model))
 
 
@@ -75,6 +87,33 @@ class LLM(StreamingLLM):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.spec_stats = self.add_observer(SpecStats())
+        self.calibrate()
+
+    def calibrate(self) -> None:
+        """The policy's first measurements: a few steps of 1, 2, 4, ... requests feeding their rows alone and with
+        drafts (prompts of random tokens, one step each, run on the engine directly: no observer, no server metric
+        sees them), so it knows what rows cost here before the first request. Every later step refines them."""
+        engine, policy = self.engine, self.engine.scheduler.policy
+        if policy is None:
+            return
+        sched, bm = engine.scheduler, engine.scheduler.block_manager
+        most = min(sched.max_num_batched_tokens, (bm.num_free_blocks - sched.max_num_seqs - 1) * bm.block_size)
+        k = self.engine_config.speculative.num_speculative_tokens
+        points = calibration_points(min(sched.max_num_seqs, 64), k, most)
+        for i, (batch, rows) in enumerate(points[-1:] + points):  # the first pays one-time costs, unmeasured
+            prompts = calibration_prompts(batch, rows, self.config.vocab_size, seed=i)
+            try:
+                for seq in [s for p in prompts for s in self.make_samples(p, {"temperature": 0, "max_tokens": 1})]:
+                    engine.add(seq)
+                start = time.perf_counter()
+                engine.step()
+                seconds = time.perf_counter() - start
+                if i > 0 and not engine.has_work():  # one step took them all
+                    policy.cost.observe(batch, rows, seconds)
+                while engine.has_work():
+                    engine.step()
+            finally:
+                engine.release()
 
     def describe(self) -> str:
         """The line the stage prints first: what runs, and on which path (the figures depend on it)."""
@@ -88,3 +127,4 @@ class LLM(StreamingLLM):
     def generate(self, *args, **kwargs):
         self.spec_stats.reset()
         return super().generate(*args, **kwargs)
+

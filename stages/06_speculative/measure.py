@@ -34,6 +34,8 @@ class Row:
     same: bool
     by_position: list[float] = field(default_factory=list)
     per_request: dict[int, float] = field(default_factory=dict)
+    proposed: int = 0  # draft tokens the proposers offered (the adaptive policy's input)
+    fed: int = 0  # of them, the ones the policy found worth their rows (all, drafting always)
 
     @property
     def speedup(self) -> float:
@@ -64,14 +66,17 @@ def run_one(base, spec, workload: str, in_flight: int, args, recorder=None) -> R
     expected = base.generate(prompts, params)
     if recorder is not None:  # the X-ray (--xray/--trace): stage 06's steps, drafts kept and rejected
         recorder.begin_run(f"06 {workload}, {in_flight} in flight", {"requests": n, "max_num_seqs": in_flight})
+    policy = spec.engine.scheduler.policy
+    before = dict(policy.counts) if policy is not None else {}
     got = spec.generate(prompts, params)
     if recorder is not None:
         recorder.end_run(write=False)
     same = [o.token_ids for o in got] == [o.token_ids for o in expected]
     s = spec.spec_stats
+    proposed = policy.counts["proposed"] - before.get("proposed", 0) if policy is not None else s.drafted
     return Row(workload, in_flight, n, base.stats.output_tokens_per_s, spec.stats.output_tokens_per_s,
                s.acceptance_rate, s.mean_tokens_per_step, s.proposer_share, same, s.acceptance_by_position(),
-               s.tokens_per_step())
+               s.tokens_per_step(), proposed, s.drafted)
 
 
 def measure(args, console: Console, recorder=None) -> list[Row]:
@@ -99,11 +104,12 @@ def machine_name() -> str:
 def table(rows: list[Row], title: str) -> Table:
     t = Table(title=title)
     for name in ("workload", "in flight", "requests", "05 tok/s", "06 tok/s", "speedup", "acceptance",
-                 "tokens/step", "proposer share", "same tokens"):
+                 "tokens/step", "drafts fed", "proposer share", "same tokens"):
         t.add_column(name, justify="left" if name == "workload" else "right")
     for r in rows:
         t.add_row(r.workload, str(r.in_flight), str(r.requests), f"{r.base_tps:.1f}", f"{r.spec_tps:.1f}",
-                  f"{r.speedup:.2f}x", f"{r.acceptance:.1%}", f"{r.tokens_per_step:.2f}", f"{r.proposer_share:.1%}",
+                  f"{r.speedup:.2f}x", f"{r.acceptance:.1%}", f"{r.tokens_per_step:.2f}",
+                  f"{r.fed}/{r.proposed}" if r.proposed else "-", f"{r.proposer_share:.1%}",
                   "yes" if r.same else "NO")
     return t
 
@@ -138,5 +144,8 @@ def report(rows: list[Row], args, console: Console) -> None:
         console.print(f"  tokens per decoding step, request by request: {per}")
         if len(mine) > 1:
             console.print("  " + crossover(rows, workload))
+    console.print("[bold]drafts fed[/]: of the draft tokens proposed, those fed; the adaptive policy (cost_model.py) "
+                  "feeds a draft where its expected tokens beat its rows' measured cost, so the share falls where "
+                  "rows stop being free (more in flight) or drafts stop matching (chat)")
     if not all(r.same for r in rows):
         console.print("[bold red]stage 06 gave other tokens than stage 05: a bug[/]")

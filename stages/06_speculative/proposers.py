@@ -41,6 +41,7 @@ def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]
 class Proposer:
     """Drafts up to ``k`` tokens for the requests it ``claims``, none while more than ``disable_by_batch_size``
     requests run (vLLM's key: batching fills the step, and speculation stops paying)."""
+    cheap = True  # guessing costs next to nothing (a lookup): the policy may ask for every guess and feed a part
 
     def __init__(self, k: int, disable_by_batch_size: int | None = None):
         self.k, self.disable_by_batch_size = k, disable_by_batch_size

@@ -10,6 +10,10 @@ is never worth evicting another request. Then the proposers guess, and stage 03'
 
 The proposers come in priority order, each a `Proposer` (proposers.py): the first whose ``limit`` is not None
 for a request is the one that drafts for it. Stage 07 adds one at the front: the tokens a grammar forces.
+
+With a policy (cost_model.py's `AdaptiveDrafts`, the default), what is proposed is not all fed: the policy keeps,
+per request, the drafts worth their rows at this step's size on this machine, and learns from every step (its
+time, in `postprocess`, and what each proposal would have kept).
 """
 from __future__ import annotations
 
@@ -20,13 +24,17 @@ from common.engine_config import SchedulerConfig
 from common.sequence import Sequence
 from stages.paged_kv import BlockManager, Scheduler  # stage 03: block_manager.py, scheduler.py
 
+from .cost_model import AdaptiveDrafts
 from .proposers import Proposer
 
 
 class SpeculativeScheduler(Scheduler):
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, proposers: list[Proposer]):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, proposers: list[Proposer],
+                 policy: AdaptiveDrafts | None = None):
         super().__init__(config, block_manager)
         self.proposers = proposers  # in priority order; none: nothing is drafted (stage 05's engine)
+        self.policy = policy  # None: every proposal is fed whole
+        self.scheduled_at = 0.0
 
     def schedule(self) -> ScheduledBatch:
         start = time.perf_counter()
@@ -36,7 +44,19 @@ class SpeculativeScheduler(Scheduler):
         propose_seconds = time.perf_counter() - start
         batch = super().schedule()
         batch.propose_seconds = propose_seconds  # the proposers' share of the step, for its event
+        self.scheduled_at = time.perf_counter()
         return batch
+
+    def postprocess(self, batch: ScheduledBatch, outputs) -> None:
+        """Stage 03's, and the policy learns: the step's time against its rows (drafts and not), and what each
+        proposal would have kept."""
+        if self.policy is not None:
+            rows, drafted = sum(batch.lens), sum(len(s.spec_token_ids) for s in batch.seqs)
+            self.policy.cost.observe(rows - drafted, rows, time.perf_counter() - self.scheduled_at)
+        super().postprocess(batch, outputs)
+        if self.policy is not None:
+            self.policy.score()
+            self.policy.forget(s.seq_id for s in batch.seqs if s.is_finished)
 
     def proposer_for(self, seq: Sequence) -> tuple[Proposer | None, int]:
         """Who guesses for ``seq`` this step, and the most drafts it may give (before the step's caps)."""
@@ -52,16 +72,37 @@ class SpeculativeScheduler(Scheduler):
 
     def propose_drafts(self) -> None:
         """Every decoding request with room for drafts gets them from its proposer, one batched call per proposer;
-        a proposer may give fewer than asked (or none)."""
+        a proposer may give fewer than asked (or none). With a policy, only the drafts worth their rows are fed
+        (and a proposer that costs a pass of its own, the draft model, is asked only for those)."""
         caps = self.draft_caps()
         groups: dict[int, tuple[Proposer, list[Sequence]]] = {}
         for seq in self.running:
             if caps.get(seq.seq_id, 0) > 0:
                 proposer = self.proposer_for(seq)[0]
                 groups.setdefault(id(proposer), (proposer, []))[1].append(seq)
+        if self.policy is not None and any(not p.cheap for p, _ in groups.values()):
+            worth = self.choose({s.seq_id: [0] * caps[s.seq_id] for _, seqs in groups.values() for s in seqs}, False)
+            for proposer, seqs in groups.values():
+                if not proposer.cheap:  # asked only for what the policy would feed if every guess came
+                    caps.update({s.seq_id: worth[s.seq_id] for s in seqs})
+        drafts = {}
         for proposer, seqs in groups.values():
-            for seq, draft in zip(seqs, proposer.propose(seqs, [caps[s.seq_id] for s in seqs])):
-                seq.spec_token_ids = list(draft[:caps[seq.seq_id]])
+            asked = [s for s in seqs if caps[s.seq_id] > 0]
+            for seq, draft in zip(asked, proposer.propose(asked, [caps[s.seq_id] for s in asked]) if asked else []):
+                drafts[seq.seq_id] = list(draft[:caps[seq.seq_id]])
+        ks = self.choose(drafts) if self.policy is not None else {i: len(d) for i, d in drafts.items()}
+        for seq in self.running:
+            if seq.seq_id in drafts:
+                seq.spec_token_ids = drafts[seq.seq_id][:ks[seq.seq_id]]
+
+    def choose(self, drafts: dict[int, list[int]], record: bool = True) -> dict[int, int]:
+        """seq_id -> how many of its proposed drafts the policy feeds, given the step's own rows and tokens."""
+        base_tokens = sum(s.num_new_tokens == 1 for s in self.running)  # each decoding request's own token
+        base_rows = min(sum(s.num_new_tokens for s in self.running), self.max_num_batched_tokens)
+        seqs = [s for s in self.running if s.seq_id in drafts]
+        kinds = [type(self.proposer_for(s)[0]).__name__ for s in seqs]
+        ks = self.policy.choose(seqs, kinds, [drafts[s.seq_id] for s in seqs], base_tokens, base_rows, record)
+        return {s.seq_id: k for s, k in zip(seqs, ks)}
 
     def draft_caps(self) -> dict[int, int]:
         """seq_id -> the most draft tokens each decoding request may take this step (0: none)."""

@@ -5,6 +5,9 @@
 * ``extract``: summarize/extract: pull sentences or fields out of a given text; the answer quotes the prompt, which
   the n-gram lookup finds without any help from the caller.
 * ``chat``: the ladder's chat questions (stages/cli.py's workload), whose answers seldom repeat their prompt.
+* ``agentic``: an agent editing the same file over several turns, each turn's request carrying the file as the
+  last turn left it and asking for the whole file back with one more change; answers repeat earlier answers,
+  which suffix decoding's global tree holds (and n-gram, looking only at the request itself, cannot).
 """
 from __future__ import annotations
 
@@ -75,6 +78,24 @@ def extract(tokenizer, n: int, max_tokens: int) -> tuple[list, list[SamplingPara
                                                           for _ in pairs]
 
 
+FILE = ("def total(prices):\n    result = 0\n    for price in prices:\n        result += price\n    return result\n"
+        "\n\ndef average(prices):\n    return total(prices) / len(prices)\n")
+TURNS = [("total", "add_up"), ("prices", "amounts"), ("result", "acc"), ("average", "mean"), ("price", "amount"),
+         ("acc", "running"), ("add_up", "summed"), ("mean", "arithmetic_mean")]
+
+
+def agentic(tokenizer, n: int, max_tokens: int) -> tuple[list, list[SamplingParams]]:
+    """n turns (in order) of one agent's edits to one file: turn i shows the file after turns 0..i-1 and asks for
+    the rename of turn i, returning the whole file."""
+    prompts, text = [], FILE
+    for i in range(n):
+        old, new = TURNS[i % len(TURNS)]
+        ask = f"Rename `{old}` to `{new}` everywhere in this file. Return the whole file, nothing else."
+        prompts.append(request(tokenizer, ask, f"```python\n{text}```"))
+        text = text.replace(old, new)
+    return prompts, [SamplingParams(temperature=0, max_tokens=max_tokens) for _ in prompts]
+
+
 def build(name: str, tokenizer, n: int, max_tokens: int) -> tuple[list, list[SamplingParams]]:
     if name == "edit":
         return edit(tokenizer, n, max_tokens)
@@ -82,7 +103,9 @@ def build(name: str, tokenizer, n: int, max_tokens: int) -> tuple[list, list[Sam
         return extract(tokenizer, n, max_tokens)
     if name == "chat":
         return shared.chat(tokenizer, n, max_tokens)
-    raise ValueError(f"unknown workload {name!r}: use edit, extract or chat")
+    if name == "agentic":
+        return agentic(tokenizer, n, max_tokens)
+    raise ValueError(f"unknown workload {name!r}: use {', '.join(WORKLOADS)}")
 
 
-WORKLOADS = ("edit", "extract", "chat")
+WORKLOADS = ("edit", "extract", "chat", "agentic")

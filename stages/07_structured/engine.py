@@ -22,7 +22,8 @@ from common.tokenizer import Tokenizer
 from common.validate import InvalidParam
 from stages.kernels import KernelLlama  # stage 04: model.py
 from stages.paged_kv import kv_blocks  # stage 03: engine.py
-from stages.speculative import STAGE_DEFAULT, SpeculativeScheduler, paged_cache, speculative_proposers  # stage 06
+from stages.speculative import (STAGE_DEFAULT, SpeculativeScheduler, paged_cache, speculative_policy,  # stage 06
+                                speculative_proposers)
 from stages.streaming import LLM as StreamingLLM  # stage 05: engine.py
 
 from .backends import cache_stats, grammars_for
@@ -38,7 +39,8 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
     blocks = kv_blocks(config, model)  # stage 03
     proposers = [ForcedTokens(config.structured_outputs.num_forced_tokens, tokenizer.encode),  # forced.py
                  *speculative_proposers(config, tokenizer, model, blocks)]  # stage 06's, for the other requests
-    return LLMEngine(model, SpeculativeScheduler(config.scheduler, blocks, proposers),  # stage 06's scheduler
+    return LLMEngine(model, SpeculativeScheduler(config.scheduler, blocks, proposers,  # stage 06's scheduler
+                                                 speculative_policy(config)),  # and its adaptive policy
                      paged_cache(model, blocks, config.cache.fused_attention),  # stage 04's cache
                      ModelRunner(model, logprobs_mode="processed_logprobs"))  # the masked distribution
 

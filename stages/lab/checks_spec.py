@@ -35,7 +35,8 @@ def check_lookup(lookup, tokens, min_n, max_n, k) -> None:
 
 def spec_llm(v, num_blocks: int, max_num_seqs: int, budget: int, k: int = 4):
     per_block = BLOCK * reference().config.kv_bytes_per_token(2)
-    config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+              "enable_adaptive_verification": False}  # every draft fed: the caps are what is graded
     llm = v.module("engine").LLM("tiny", dtype="bfloat16", max_num_seqs=max_num_seqs, block_size=BLOCK,
                                  kv_cache_memory_bytes=num_blocks * per_block, max_num_batched_tokens=budget,
                                  speculative_config=config)

@@ -1,0 +1,175 @@
+"""Adaptive drafting: how many drafts each request feeds this step, decided by measurement, not by a constant.
+
+A draft row pays only while rows are (almost) free: one request's k + 1 rows cost what its one row costs while a
+step is bound by reading the weights, but on a CPU without a small-row path, or once many requests fill the step,
+every draft row is real work and every rejected one is work thrown away. Where that happens depends on the
+machine, the load and the workload, so no constant (``disable_by_batch_size``) is right everywhere. Instead:
+
+* `StepCost` measures what a step costs here, as a function of the rows it feeds: t(rows) = a + b * rows, a
+  least-squares line over the latest steps of each size class (the step's own rows, drafts aside, rounded down
+  to a power of two; the fastest step at each row count), seeded at start-up by a few calibration steps
+  (engine.py's ``LLM.calibrate``) and refined by every step the engine runs.
+* `AdaptiveDrafts` keeps each request's acceptance: the chance that its next draft token is kept, given that the
+  ones before it were (a running ratio of drafts kept to drafts tried, each request's own, pulled towards its
+  proposer's). With acceptance α, k drafts are worth 1 + α + ... + α^k tokens (the first miss ends the run), so
+  the j-th draft of a request adds α^j. Each step the policy sorts every request's possible drafts by that
+  worth and feeds the best D of them, choosing the D (0 to all) with the most expected tokens per second:
+  (tokens without drafts + worth of the D best) / t(rows + D). A draft is fed only where it adds more tokens
+  than its row costs in time, at this step's size, on this machine.
+
+vLLM calls this adaptive verification (``enable_adaptive_verification``: a cost model profiled at start-up, the
+verified token count that maximizes expected accepted tokens per second; docs/features/speculative_decoding/
+adaptive_verification.md); SGLang's ``--speculative-adaptive`` moves the draft length with an EMA of acceptance.
+Here it is on by default; ``enable_adaptive_verification: false`` drafts every proposal at every size.
+"""
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+
+from common.sequence import Sequence
+
+ALPHA_MAX = 0.99  # a request that always matched is still not certain to
+
+
+class StepCost:
+    """Step seconds as a function of the rows fed, one least-squares line per size class."""
+
+    def __init__(self, window: int = 48):
+        self.window = window
+        self.points: dict[int, deque] = {}  # size class -> its latest (rows, seconds)
+        self.lines: dict[int, tuple[float, float]] = {}  # size class -> (a, b), its last fit with a spread of rows
+
+    @staticmethod
+    def size_class(base_rows: int) -> int:
+        return max(1, base_rows).bit_length() - 1  # 1 -> 0, 2-3 -> 1, 4-7 -> 2, ...
+
+    def observe(self, base_rows: int, rows: int, seconds: float) -> None:
+        c = self.size_class(base_rows)
+        points = self.points.setdefault(c, deque(maxlen=self.window))
+        points.append((rows, seconds))
+        line = fit(points)
+        if line is not None:
+            self.lines[c] = line
+
+    def line(self, base_rows: int) -> tuple[float, float] | None:
+        """(a, b) of the size class of ``base_rows``, or of the nearest one measured; None before any."""
+        if not self.lines:
+            return None
+        c = self.size_class(base_rows)
+        return self.lines[min(self.lines, key=lambda x: (abs(x - c), x))]
+
+    def seconds(self, base_rows: int, rows: int) -> float:
+        line = self.line(base_rows)
+        if line is None:
+            return 1.0  # nothing measured yet: rows are taken as free until a step says otherwise
+        a, b = line
+        return a + b * rows
+
+
+def fit(points) -> tuple[float, float] | None:
+    """Least squares t = a + b * rows through the fastest step at each row count (another process on the machine
+    only ever adds time, so the fastest is the truest); None while the rows do not spread (no slope measured).
+    The slope is kept >= 0 (a row is never a saving) and a > 0."""
+    fastest: dict[int, float] = {}
+    for rows, seconds in points:
+        fastest[rows] = min(seconds, fastest.get(rows, seconds))
+    n = len(fastest)
+    mx, my = sum(fastest) / n, sum(fastest.values()) / n
+    sxx = sum((r - mx) ** 2 for r in fastest)
+    if sxx < 1e-9:
+        return None
+    b = max(0.0, sum((r - mx) * (t - my) for r, t in fastest.items()) / sxx)
+    return max(my - b * mx, 1e-6), b
+
+
+def best_drafts(alphas: list[float], lengths: list[int], base_tokens: float, base_rows: int, cost) -> list[int]:
+    """How many of its ``lengths[i]`` proposed drafts each request feeds: the D most valuable draft positions (the
+    j-th of request i worth alphas[i] ** j), for the D that maximizes expected tokens per second."""
+    slots = sorted(((min(a, ALPHA_MAX) ** j, -j, i) for i, (a, n) in enumerate(zip(alphas, lengths))
+                    for j in range(1, n + 1)), reverse=True)  # ties: earlier positions first (a draft is a prefix)
+    def seconds(rows):
+        return max(cost.seconds(base_rows, rows), 1e-12)
+
+    tokens, best, best_d = base_tokens, base_tokens / seconds(base_rows), 0
+    for d, (worth, _, _) in enumerate(slots, 1):
+        tokens += worth
+        rate = tokens / seconds(base_rows + d)
+        if rate > best:
+            best, best_d = rate, d
+    ks = [0] * len(lengths)
+    for _, _, i in slots[:best_d]:
+        ks[i] += 1
+    return ks
+
+
+class AdaptiveDrafts:
+    """The policy: each request's acceptance, the step cost, and per step the drafts worth feeding."""
+
+    def __init__(self, cost: StepCost | None = None, prior: float = 0.5, prior_weight: float = 2.0,
+                 decay: float = 0.9):
+        self.cost = cost or StepCost()
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.own: dict[int, list[float]] = {}  # seq_id -> decayed [drafts kept, drafts tried]
+        self.kinds: dict[str, list[float]] = {}  # proposer -> the same over all its requests
+        self.pending: dict[int, tuple[Sequence, str, int, list[int]]] = {}  # seq_id -> (seq, kind, length, draft)
+        self.counts = Counter()  # proposed / fed draft tokens, steps that fed none of their proposals
+
+    def acceptance(self, seq: Sequence, kind: str) -> float:
+        hits, tries = self.kinds.get(kind, (0.0, 0.0))
+        prior = (hits + self.prior * self.prior_weight) / (tries + self.prior_weight)
+        hits, tries = self.own.get(seq.seq_id, (0.0, 0.0))
+        return (hits + prior * self.prior_weight) / (tries + self.prior_weight)
+
+    def choose(self, seqs: list[Sequence], kinds: list[str], drafts: list[list[int]], base_tokens: int,
+               base_rows: int, record: bool = True) -> list[int]:
+        """How many of each request's proposed drafts to feed this step. Every proposal is remembered, fed or not
+        (``record``): the tokens the step keeps score it (`score`), so a request not drafting still shows what
+        drafting would have kept."""
+        alphas = [self.acceptance(s, k) for s, k in zip(seqs, kinds)]
+        ks = best_drafts(alphas, [len(d) for d in drafts], base_tokens, base_rows, self.cost)
+        if not record:
+            return ks
+        for seq, kind, draft, k in zip(seqs, kinds, drafts, ks):
+            if draft:
+                self.pending[seq.seq_id] = (seq, kind, len(seq.token_ids), list(draft))
+            self.counts["proposed"] += len(draft)
+            self.counts["fed"] += k
+        self.counts["steps"] += 1
+        self.counts["steps_trimmed"] += sum(ks) < sum(len(d) for d in drafts)
+        return ks
+
+    def score(self) -> None:
+        """After a step: each remembered proposal against the tokens its request kept. Its first i tokens matched
+        (i drafts kept) and, where the step's tokens reach past them, one more was tried and missed."""
+        for seq, kind, length, draft in self.pending.values():
+            truth = seq.token_ids[length:]
+            hits = next((i for i, (d, t) in enumerate(zip(draft, truth)) if d != t), min(len(draft), len(truth)))
+            tries = hits + (hits < min(len(draft), len(truth)))
+            for table, key in ((self.own, seq.seq_id), (self.kinds, kind)):
+                h, t = table.get(key, (0.0, 0.0))
+                table[key] = [h * self.decay + hits, t * self.decay + tries]
+        self.pending.clear()
+
+    def forget(self, seq_ids) -> None:
+        for seq_id in seq_ids:
+            self.own.pop(seq_id, None)
+
+
+def calibration_prompts(batch: int, rows: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """``batch`` prompts of ``rows`` tokens in all, random tokens (so no prefix cache hit shortens the step)."""
+    rng = random.Random(seed)
+    each = [rows // batch + (i < rows % batch) for i in range(batch)]
+    return [[rng.randrange(3, vocab_size) for _ in range(n)] for n in each]
+
+
+def calibration_points(max_num_seqs: int, k: int, max_rows: int) -> list[tuple[int, int]]:
+    """(requests, rows) of the start-up steps: for 1, 2, 4, ... requests, their rows alone and with k drafts
+    each (and halfway), as far as a step's budget allows."""
+    points, batch = [], 1
+    while batch <= max_num_seqs:
+        for rows in (batch, batch + batch * k // 2, batch * (k + 1)):
+            if rows <= max_rows:
+                points.append((batch, rows))
+        batch *= 2
+    return points
