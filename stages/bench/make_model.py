@@ -70,7 +70,8 @@ def write_safetensors(path: Path, items: dict[str, tuple[tuple[int, ...], torch.
         for name, (shape, dtype) in items.items():
             t = make(name).to(dtype).contiguous()
             assert tuple(t.shape) == tuple(shape), name
-            f.write(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            if t.numel():
+                f.write(t.view(torch.uint8).numpy().data)  # the tensor's own bytes, not a copy
 
 
 def write_checkpoint(shape: Shape, folder: Path, dtype: str, seed: int, int4_blocks: bool) -> None:
