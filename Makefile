@@ -71,6 +71,15 @@ bench: $(MODEL)
 	-$(MAKE) --no-print-directory -k bench-peers
 	$(BIN)/python -m stages $(BENCH_ARGS)
 
+# How cost grows (issue 54, docs/scale.md): random weights in 0.5B-3B shapes made once by stages/bench/make_model.py
+# into $(SCALE_MODELS), then the sweep, each point alone in a child. Never part of `make test`.
+SCALE_MODELS ?= $(HOME)/.cache/stepwise/scale-models
+SCALE_ARGS ?=
+.PHONY: scale
+scale: $(MODEL)
+	-$(MAKE) --no-print-directory llama-cpp
+	$(BIN)/python -m stages.bench.scale --models-dir $(SCALE_MODELS) $(SCALE_ARGS)
+
 # The peers that need building: llama-cpp-python (below) and vLLM's CPU backend in its own venv (`make vllm-venv`).
 .PHONY: bench-peers llama-cpp
 bench-peers: llama-cpp vllm-venv

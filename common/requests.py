@@ -62,8 +62,18 @@ def tokenize(prompt: Prompt, tokenizer: Tokenizer, config: ModelConfig, max_mode
     if len(ids) >= max_model_len:
         window = context_note if max_model_len == config.max_position_embeddings else ""
         raise InvalidParam("prompt", f"the prompt has {len(ids)} tokens but max_model_len is "
-                                     f"{max_model_len}{window}: shorten it to at most {max_model_len - 1} tokens")
+                                     f"{max_model_len}{window}: shorten it to at most {max_model_len - 1} tokens"
+                                     + raise_note(max_model_len, len(ids), config))
     return Request(text, ids, config.eos_token_ids or config.eos_token_id)
+
+
+def raise_note(max_model_len: int, prompt_len: int, config: ModelConfig) -> str:
+    """How to make room instead, where the model's context allows it."""
+    limit = config.max_position_embeddings
+    if max_model_len >= limit or prompt_len >= limit:
+        return ""
+    return (f", or raise max_model_len (--max-model-len) above {prompt_len}, up to the model's context of "
+            f"{limit:,} tokens")
 
 
 def to_output(seq: Sequence) -> RequestOutput:

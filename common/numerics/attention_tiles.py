@@ -40,6 +40,7 @@ from common.numerics import invariant
 
 KEY_TILE = 64  # keys per tile: the fixed reduction length of both matmuls
 QUERY_TOKENS = 64  # tokens per query tile of a prefilling sequence
+SLICE_SLOTS = 2048  # (query tile, key tile) slots attended at once: bounds the scores an 8k prefill holds
 _decode_rows: dict[tuple, int] = {}  # (device type, group, head_dim, cache dtype) -> rows of a decode tile
 
 
@@ -161,6 +162,24 @@ def attend_tiles(q: torch.Tensor, k_chunks: torch.Tensor, v_chunks: torch.Tensor
 
 
 def _attend(q_flat, k_flat, v_flat, g: TileGroup, d: int) -> torch.Tensor:
+    """The group in slices of whole query tiles, at most ``SLICE_SLOTS`` (tile, key tile) slots each: an 8k-token
+    prefill holds one slice's scores, not the whole matrix (a slice's rows get the bits they get in one call: each
+    pair's matmuls are their own, a row's max and its key-ordered sum never cross a query tile)."""
+    step = max(1, SLICE_SLOTS // g.max_key_tiles)
+    if g.tiles <= step:
+        return _attend_slice(q_flat, k_flat, v_flat, g, d)
+    starts = torch.searchsorted(g.pair_tile, torch.arange(0, g.tiles + step, step, device=g.pair_tile.device))
+    outs = []
+    for t0, (p0, p1) in zip(range(0, g.tiles, step), zip(starts[:-1].tolist(), starts[1:].tolist())):
+        t1 = min(g.tiles, t0 + step)
+        part = TileGroup(g.rows, t1 - t0, g.max_key_tiles, g.pair_rows[p0:p1], g.pair_chunks[p0:p1],
+                         g.pair_tile[p0:p1] - t0, g.pair_tile_rows[p0:p1] - t0,
+                         g.pair_slot[p0:p1] - t0 * g.max_key_tiles, g.masked[p0:p1])
+        outs.append(_attend_slice(q_flat, k_flat, v_flat, part, d))
+    return torch.cat(outs)
+
+
+def _attend_slice(q_flat, k_flat, v_flat, g: TileGroup, d: int) -> torch.Tensor:
     pairs = g.pair_tile.shape[0]
     qp = q_flat.index_select(0, g.pair_rows.view(-1)).view(pairs, g.rows, d)
     kp = k_flat.index_select(0, g.pair_chunks.view(-1)).view(pairs, KEY_TILE, d)

@@ -42,7 +42,12 @@ class LinearFactory:
         return linear
 
     def dense(self, name: str) -> torch.Tensor:
-        return self.weights[name].to(device=self.device, dtype=self.dtype)
+        """The tensor in the model's dtype and device, in memory of its own: where the checkpoint already has that
+        dtype, ``.to`` would hand back the memory-mapped view itself, and one view kept keeps the whole file
+        mapped and its read pages resident beside the packed copies (a 3B bfloat16 shape held twice)."""
+        source = self.weights[name]
+        t = source.to(device=self.device, dtype=self.dtype)
+        return t.clone() if t.data_ptr() == source.data_ptr() else t
 
     def embedding(self, name: str):
         if self.quantization is None:

@@ -29,12 +29,38 @@ def kv_blocks(config: EngineConfig, model: Llama) -> BlockManager:
     c, bs = config.cache, config.cache.block_size
     per_block = bs * model.config.kv_bytes_per_token(model.dtype.itemsize)
     budget = parse_memory(c.kv_cache_memory, model.device)  # a fraction of free memory is measured now
-    if budget is None:
+    available = available_memory(model.device)
+    if budget is None:  # stage 02's reservation, but never more than 90% of what the machine has left
         budget = config.scheduler.max_num_seqs * config.model.max_model_len * per_block // bs
+        budget = min(budget, int(0.9 * available)) if available else budget
+    elif available and budget > available:
+        raise MemoryError(f"kv_cache_memory={c.kv_cache_memory} asks for {budget / 2**30:.2f} GiB of KV blocks but "
+                          f"only {available / 2**30:.2f} GiB is available after the weights: set kv_cache_memory "
+                          f"below that (e.g. kv_cache_memory=0.9, a fraction of what is free), or lower "
+                          f"max_num_seqs or max_model_len")
     if budget < per_block:
         raise InvalidParam("kv_cache_memory", f"a KV budget of {budget:,} bytes holds no block: one block of "
                            f"{bs} tokens needs {per_block:,} bytes; raise kv_cache_memory to at least that")
     return BlockManager(budget // per_block, bs, PrefixCache(bs) if c.enable_prefix_caching else None)
+
+
+def available_memory(device) -> int | None:
+    """Bytes free for the KV pool: the device's free memory on CUDA, the RAM available on CPU (None: unknown)."""
+    import os
+
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:  # MemAvailable counts the page cache the kernel would give back (a checkpoint just read, say)
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def build(config: EngineConfig, tokenizer=None) -> LLMEngine:

@@ -1,7 +1,9 @@
 """The edge lesson, measured: for each precision, the bytes one token reads, the time they imply, the time taken.
 
     python -m stages.bench.edge [--model smollm2-135m] [--tokens 64] [--rounds 3] [--no-llama-cpp]
-                               [--side-by-side 12]
+                               [--side-by-side 12] [--precisions int8,int4] [--gguf FILE]
+    python -m stages.bench.edge --model ~/.cache/stepwise/scale-models/llama-3.2-3b --precisions int8,int4 \
+        --gguf ~/.cache/stepwise/scale-models/llama-3.2-3b/model-q4_1.gguf --tokens 32 --side-by-side 0
 
 Each precision runs in a fresh process, so its peak resident memory at load is its own
 (the checkpoint is memory-mapped: only the tensors a precision uses are ever read). Per
@@ -35,6 +37,7 @@ from rich.table import Table
 from common.paths import DEFAULT_MODEL
 from stages.bench import children
 from stages.bench.machine import measure_read_bandwidth
+from stages.bench.roofline import edge_figures
 from stages.bench.edge_measure import (measure_llama_cpp, measure_side_by_side, measure_stepwise, precisions,
                                        side_by_side_ratios)
 
@@ -49,15 +52,18 @@ def in_fresh_process(args: list[str]) -> dict:
 
 
 def measure(model: str = DEFAULT_MODEL, tokens: int = 64, llama_cpp: bool = True,
-            rounds: int = 1) -> tuple[float, dict, list[dict]]:
-    """Read bandwidth, each precision's figures (medians over ``rounds`` interleaved runs) and every round's rows."""
+            rounds: int = 1, only: list[str] | None = None, gguf: str | None = None) -> tuple[float, dict, list[dict]]:
+    """Read bandwidth, each precision's figures (medians over ``rounds`` interleaved runs) and every round's rows.
+    ``only``: the precisions to run (bfloat16, int8, int4, w4a8); ``gguf``: llama.cpp's file for a model other
+    than SmolLM2 (the 3B scale shape's model-q4_1.gguf, for the article's edge variant)."""
     bandwidth = measure_read_bandwidth()
     children = {("bfloat16" if q == "none" else q): ["--child", q, "--model", model, "--tokens", str(tokens)]
-                for q in precisions()}
-    if llama_cpp and model == DEFAULT_MODEL:
+                for q in precisions() if only is None or ("bfloat16" if q == "none" else q) in only}
+    if llama_cpp and (model == DEFAULT_MODEL or gguf):
         try:
             import llama_cpp  # noqa: F401
-            children["llama.cpp Q4_1"] = ["--child", "llama.cpp", "--tokens", str(tokens)]
+            children["llama.cpp Q4_1"] = ["--child", "llama.cpp", "--tokens", str(tokens)] + (
+                ["--gguf", gguf] if gguf else [])
         except ImportError:
             pass
     by_round = [{name: in_fresh_process(args) for name, args in children.items()} for _ in range(rounds)]
@@ -94,6 +100,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--side-by-side", type=int, default=12, metavar="TURNS",
                     help="then every precision's stage 04 in one process, in this many turns (0: skip)")
+    ap.add_argument("--precisions", default=None, help="comma-separated: bfloat16,int8,int4,w4a8 (default: all)")
+    ap.add_argument("--gguf", default=None, help="llama.cpp's GGUF for --model (e.g. a scale shape's model-q4_1.gguf)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child == "side-by-side":
@@ -102,11 +110,12 @@ def main(argv=None) -> dict:
         return times
     if args.child:
         threads = torch.get_num_threads()
-        row = (measure_llama_cpp(args.tokens, threads) if args.child == "llama.cpp" else
+        row = (measure_llama_cpp(args.tokens, threads, args.gguf) if args.child == "llama.cpp" else
                measure_stepwise(args.model, None if args.child == "none" else args.child, args.tokens))
         print(json.dumps(row))
         return row
-    bandwidth, rows, by_round = measure(args.model, args.tokens, not args.no_llama_cpp, args.rounds)
+    only = args.precisions.split(",") if args.precisions else None
+    bandwidth, rows, by_round = measure(args.model, args.tokens, not args.no_llama_cpp, args.rounds, only, args.gguf)
     order = ["weight MB", "estimated ms per token", "ms per token", "ms per token, stage 04", "measured / estimated",
              "linears ms per token, stage 04", "rest of the step ms, stage 04", "projections GB/s (fit)",
              "µs per projection call besides bytes (fit)"]
@@ -122,6 +131,11 @@ def main(argv=None) -> dict:
         table.add_row(figure, *(f"{rows[n][figure]:,.{digits}f}" if figure in rows[n] else "-" for n in rows))
     console = Console()
     console.print(table)
+    article = edge_figures()  # the article's illustration: 3B parameters at 100 GB/s
+    console.print(f"the article (illustrative): a 3B model at 100 GB/s reads {article['weights GB (8-bit)']:.0f} GB "
+                  f"(int8) in {article['ms per token (8-bit)']:.0f} ms, {article['weights GB (4-bit)']:.1f} GB (int4) "
+                  f"in {article['ms per token (4-bit)']:.0f} ms per token; here, measured: weight MB / "
+                  f"{bandwidth / 1e9:.1f} GB/s is the 'estimated' row, 'ms per token' what it took")
     ratios = speed_ratios(by_round)
     for label, values in ratios.items():  # each round's ratio is of two times taken minutes apart at most
         rounds = f" (rounds {' / '.join(f'{v:.2f}' for v in values)})" if len(values) > 1 else ""

@@ -127,8 +127,9 @@ def linear_breakdown(llm, prompt: list[int], tokens: int) -> dict:
             "linear calls per token": len(medians)}
 
 
-def measure_llama_cpp(tokens: int, threads: int) -> dict:
-    """llama.cpp on the GGUF file itself (memory-mapped), one request alone, greedy, EOS ignored."""
+def measure_llama_cpp(tokens: int, threads: int, gguf_path: str | None = None) -> dict:
+    """llama.cpp on the GGUF file itself (memory-mapped; SmolLM2's unless ``gguf_path``, e.g. a scale shape's
+    model-q4_1.gguf, which has SmolLM2's tokenizer too), one request alone, greedy, EOS ignored."""
     import gguf
     from llama_cpp import Llama
 
@@ -136,7 +137,7 @@ def measure_llama_cpp(tokens: int, threads: int) -> dict:
     from common.prepare import resolve_model
     from common.tokenizer import Tokenizer
 
-    path = smollm2_gguf_path()
+    path = gguf_path or smollm2_gguf_path()
     weights = sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
     before = memory_mb("VmRSS")
     llm = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
