@@ -1,6 +1,6 @@
 """Issue 56, finding 3: the compiled-grammar cache is bounded in bytes, least recently used out first, and its size
-is in /metrics. xgrammar is the backend here (its grammars report their size). The oracle for a grammar's bytes is xgrammar's own ``memory_size_bytes`` (times the documented
-factor); for the order, the requests' own order of use."""
+is in /metrics. xgrammar is the backend here (its grammars report their size). The oracle for a grammar's bytes
+is xgrammar's own ``memory_size_bytes`` (times the documented factor); for the order, the requests' own order of use."""
 import importlib
 import re
 
