@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo test test-deep test-profile test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium arm64
+.PHONY: demo test test-profile test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium arm64
 
 setup: $(DEPS)
 
@@ -28,18 +28,13 @@ demo: $(MODEL)
 # `make test`: the set-up as one graph (tests/bootstrap: the venv, ONE apt-get for chromium and the aarch64 tools,
 # the model, the kernel builds, the arm64 root, native-check), its independent steps side by side and each skipped
 # where already done and valid; then ruff; then the whole suite, tiny-model, real-model and cluster tests alike, on
-# two workers, the slowest files first (tests/parallel.py). `make test-deep` is the same at the deep hypothesis
-# profile (.ci/run); `make test-profile` also prints the 25 slowest tests (the set-up prints its steps' times).
+# two workers, the slowest files first (tests/parallel.py). `make test-profile` also prints the 25 slowest tests
+# (the set-up prints its steps' times, and writes them to .setup-times.json).
 PYTEST_PARALLEL := -q -n 2 --dist loadfile --no-loadscope-reorder
 test:
 	$(PYTHON) tests/bootstrap
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) tests
-
-test-deep:
-	$(PYTHON) tests/bootstrap
-	$(BIN)/ruff check .
-	STEPWISE_HYPOTHESIS=deep $(BIN)/python -m pytest $(PYTEST_PARALLEL) tests
 
 test-profile:
 	$(PYTHON) tests/bootstrap --times .setup-times.json
