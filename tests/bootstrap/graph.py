@@ -38,7 +38,7 @@ class Outcome:
 
 class Shell:
     """Runs a step's commands, each line of their output printed with the step's name in front (steps overlap, so
-    their lines interleave; the prefix says whose each is)."""
+    their lines interleave; the prefix says whose each is). rich's tables get 120 columns, not a pipe's 80."""
 
     def __init__(self, name: str, lock: threading.Lock, root: str):
         self.name, self.lock, self.root = name, lock, root
@@ -50,7 +50,7 @@ class Shell:
 
     def __call__(self, *argv: str, env: dict | None = None) -> None:
         proc = subprocess.Popen(argv, cwd=self.root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+                                env={"COLUMNS": "120", **os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
         tail: list[str] = []
         for line in proc.stdout:
             self.say(line)

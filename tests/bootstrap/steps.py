@@ -106,7 +106,7 @@ def apt_run(sh) -> None:
         sh("dpkg", "--add-architecture", "arm64")
     sh("apt-get", "update", "-q", env=env)
     if missing_apt():
-        sh("apt-get", "install", "-y", "-q", "--no-install-recommends", *missing_apt(), env=env)
+        sh("apt-get", "install", "-y", "-q", *missing_apt(), env=env)
 
 
 def model_check() -> str | None:
