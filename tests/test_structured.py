@@ -185,7 +185,7 @@ def test_rollback_after_a_rejected_draft_leaves_the_matcher_where_one_at_a_time_
     ({"json": {"$ref": "#/nowhere"}}, "#/nowhere points to nothing"),
     ({"json": {"type": "string", "pattern": "a(?=b)"}}, "Lookahead is not supported"),
     ({"json": {"type": "bogus"}}, 'Unsupported type "bogus"'),
-    ({"json": {"type": "string", "minLength": 3, "maxLength": 1}}, "minLength 3 is greater than maxLength 1"),
+    ({"json": {"type": "string", "minLength": 3, "maxLength": 1}}, "is greater than maxLength"),
     ({"json": {"type": "string", "enum": [1, 2]}}, "'enum' at #: no listed value meets the keywords beside it"),
     ({"regex": "a(?=b)"}, "Lookahead is not supported"),
     ({"grammar": "root ::= "}, "xgrammar cannot compile it"),
@@ -199,8 +199,7 @@ def test_what_cannot_be_enforced_is_refused_with_the_reason(so, why):
 
 @pytest.mark.parametrize("schema, bad", [
     ({"type": "integer", "minimum": 5}, "3"), ({"type": "integer", "exclusiveMaximum": 5}, "5"),
-    ({"type": "number", "maximum": 2.5}, "2.75"), ({"type": "string", "minLength": 3}, '"ab"'),
-    ({"type": "string", "maxLength": 2}, '"abc"'), ({"type": "string", "pattern": "^[a-z]+$"}, '"ABC"'),
+    ({"type": "number", "maximum": 2.5}, "2.75"), ({"type": "string", "pattern": "^[a-z]+$"}, '"ABC"'),
     ({"type": "string", "format": "date"}, '"2020-13-45x"'), ({"enum": [1, 2]}, "3"), ({"const": "a"}, '"b"'),
     ({"type": "array", "minItems": 2, "items": {"type": "integer"}}, "[1]"),
     ({"type": "array", "maxItems": 1, "items": {"type": "integer"}}, "[1, 2]"),
@@ -209,7 +208,7 @@ def test_what_cannot_be_enforced_is_refused_with_the_reason(so, why):
     ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a": 1, "z": 2}'),
     ({"type": "object", "maxProperties": 1, "properties": {"a": {}, "b": {}}}, '{"a": 1, "b": 2}'),
     ({"type": "object", "patternProperties": {"^a": {"type": "integer"}}}, '{"a": "x"}'),
-    ({"type": "object", "propertyNames": {"maxLength": 2}}, '{"abc": 1}'),
+    ({"type": "object", "propertyNames": {"pattern": "^[a-z]{1,2}$"}}, '{"abc": 1}'),
     ({"type": "integer", "multipleOf": 3}, "4"), ({"anyOf": [{"type": "integer"}, {"type": "boolean"}]}, '"x"'),
     ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}, '"x"'),
 ])
@@ -222,6 +221,7 @@ def test_every_keyword_the_check_lets_through_is_enforced_by_xgrammar(grammars, 
 
 
 @pytest.mark.parametrize("schema, breaking", [
+    ({"type": "string", "maxLength": 3}, '"de\t"'),  # a raw tab: not JSON at all
     ({"type": "string", "format": "email", "maxLength": 8}, '"someone@example.org"'),
     ({"type": "string", "pattern": "^[a-z@.]+$", "maxLength": 8}, '"someone@example.org"'),
     ({"type": "string", "format": "date", "pattern": "^2"}, '"1999-01-01"'),

@@ -37,7 +37,8 @@ ACCEPTED = {  # kinds of schema that were refused before and constrain nothing m
                                                                "maximum": 999}},
                        "required": ["id"], "additionalProperties": False},
     "annotations": {"title": "T", "description": "d", "$comment": "c", "examples": [{"a": "x"}], "type": "object",
-                    "properties": {"a": {"type": "string", "default": "z", "maxLength": 4, "deprecated": True}},
+                    "properties": {"a": {"type": "string", "default": "z", "pattern": "^[a-z]{0,4}$",
+                                         "deprecated": True}},
                     "required": ["a"], "additionalProperties": False},
     "definitions and $ref": {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {
         "c": {"enum": ["red", "blue"], "description": "a colour"}}, "type": "object",
@@ -120,14 +121,20 @@ def test_the_backend_is_chosen_as_vllm_names_it(llm):
        st.data())
 def test_a_oneof_with_a_discriminator_never_yields_a_value_matching_two_branches(grammars, kinds, data):
     """Branches told apart by a const discriminator (their other properties drawn at random, overlapping): both
-    backends serve it, and every value a matcher completes (random walks of allowed tokens) matches exactly one."""
+    backends serve it (xgrammar refuses a length-bounded string, by name), and every value a matcher completes
+    (random walks of allowed tokens) matches exactly one."""
     props = st.fixed_dictionaries({}, optional={"x": st.just({"type": "integer"}), "y": st.just({"type": "string",
                                                                                              "maxLength": 3})})
     branches = [{"type": "object", "properties": {"kind": {"const": k}, **data.draw(props)}, "required": ["kind"]}
                 for k in kinds]
     schema = {"oneOf": branches}
     for backend in ("guidance", "xgrammar"):
-        matcher = grammars.build(StructuredOutputsParams(json=schema, disable_any_whitespace=True), backend).matcher()
+        try:
+            grammar = grammars.build(StructuredOutputsParams(json=schema, disable_any_whitespace=True), backend)
+        except InvalidParam as e:  # xgrammar leaves a length-bounded string to llguidance (schema_check.CONTROL)
+            assert backend == "xgrammar" and "maxLength" in str(e) and "control character" in str(e), str(e)
+            continue
+        matcher = grammar.matcher()
         text = walk(grammars, matcher, data.draw(st.randoms(use_true_random=False)))
         if text is not None:
             value = json.loads(text)
@@ -147,7 +154,7 @@ def walk(grammars, matcher, rng, steps: int = 80) -> str | None:
         token = 2 if 2 in allowed else int(rng.choice(allowed))
         assert matcher.accept(token)
         if matcher.is_terminated():
-            return out.decode()
+            return out.decode(errors="replace")  # as the tokenizer's byte-level decoder reads bytes
         out += grammars.vocab[token] or b""
     return None
 

@@ -1,12 +1,12 @@
-"""What xgrammar enforces of a cleaned schema (rewrites.py), and a `Refused` for the rest.
-
-xgrammar compiles a schema with a keyword it does not enforce (``uniqueItems``, ``not``, ``allOf``, ``if``) without
-a word, and the output may then break the schema: "every output validates" would be false. Some pairs of enforced
-keywords lose one of the two, with a log line at most: ``minLength``/``maxLength`` beside a ``pattern`` or a
-``format`` (an email with ``maxLength: 40`` could run on until ``max_tokens``), a ``pattern`` beside a ``format``,
-``multipleOf`` beside a range. So the cleaned schema is read first and a constraint outside this list, or such a
-pair, is refused by name and place (``auto`` then asks llguidance, which may enforce it). Each enforced keyword was
-checked against xgrammar 0.2.9 (tests/test_structured.py).
+"""What xgrammar enforces of a cleaned schema (rewrites.py), and a `Refused` for the rest. xgrammar compiles a schema
+with a keyword it does not enforce (``uniqueItems``, ``not``, ``allOf``, ``if``) without a word, and the output may
+then break the schema: "every output validates" would be false. Some pairs of enforced keywords lose one of the two,
+with a log line at most: ``minLength``/``maxLength`` beside a ``pattern`` or a ``format`` (an email with
+``maxLength: 40`` could run on until ``max_tokens``), a ``pattern`` beside a ``format``, ``multipleOf`` beside a
+range; and a length-bounded string lets raw control characters in (invalid JSON), so ``minLength``/``maxLength`` are
+left to llguidance. So the cleaned schema is read first and a constraint outside this list, or such a pair, is
+refused by name and place (``auto`` then asks llguidance, which may enforce it). Each enforced keyword was checked
+against xgrammar 0.2.9 (tests/test_structured.py).
 """
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from .rewrites import Refused
 
 ENFORCED = {"type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const",
             "anyOf", "$ref", "$defs", "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-            "minLength", "maxLength", "pattern", "format", "minItems", "maxItems", "minProperties", "maxProperties",
+            "pattern", "format", "minItems", "maxItems", "minProperties", "maxProperties",
             "patternProperties", "propertyNames", "multipleOf"}
 RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-WHY = {"oneOf": "its branches may overlap (xgrammar would read it as anyOf, which allows a value matching two)",
+CONTROL = ("xgrammar 0.2.9 lets a raw control character (a tab, a BEL) into a string whose length is bounded, so "
+           "the output would not be JSON (tests/test_structured.py)")
+WHY = {"minLength": CONTROL, "maxLength": CONTROL,
+       "oneOf": "its branches may overlap (xgrammar would read it as anyOf, which allows a value matching two)",
        "allOf": "its branches do not merge into one schema (xgrammar would skip it)"}
 
 
