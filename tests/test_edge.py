@@ -21,7 +21,10 @@ def test_a_fresh_process_measures_one_precision(tiny_folder, quantization):
     assert row["weight MB"] == pytest.approx(precision_bytes(shapes, quantization) / 1e6)
     assert row["peak MB at load"] >= row["resident MB after load"] > row["load MB over bare process"] > 0
     assert row["ms per token"] > 0 and row["ms per token, stage 04"] > 0
-    assert 0 < row[next(k for k in row if k.startswith("TTFT") and "512" not in k)] < row["TTFT ms, 512-token prompt"]
+    # Both prompt lengths are timed; which is faster is a timing on a shared machine, never a test (CI saw the short
+    # prompt's first token take 70.6 ms and the 512-token one 51.0 ms on the tiny model).
+    ttfts = [v for k, v in row.items() if k.startswith("TTFT")]
+    assert len(ttfts) == 2 and min(ttfts) > 0
     assert row["linear calls per token"] == 4 * 2 + 1  # the tiny model: qkv, o, gate_up, down per layer, LM head
     # The linears are timed call by call in a run of their own: on a loaded machine they can exceed the step's
     # own time, so only their sign is a fact here; the rest of the step is defined as the difference.
