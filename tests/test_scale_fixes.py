@@ -70,6 +70,8 @@ def test_the_default_kv_pool_fits_the_machine_and_a_budget_that_cannot_is_refuse
     assert kv_blocks(config, model).num_blocks == int(0.9 * 2**30) // per_block
     small = EngineConfig.create(str(bf16_folder), max_num_seqs=2, max_model_len=256)
     assert kv_blocks(small, model).num_blocks == 2 * 256 // 16  # under the cap: stage 02's reservation, as before
+    ragged = EngineConfig.create(str(bf16_folder), max_num_seqs=3, max_model_len=100)
+    assert kv_blocks(ragged, model).num_blocks == 3 * 7  # 100 tokens need 7 blocks of 16, never 300 // 16 = 18
     too_much = EngineConfig.create(str(bf16_folder), kv_cache_memory="2GiB")
     with pytest.raises(MemoryError, match="only 1.00 GiB is available .* set kv_cache_memory below"):
         kv_blocks(too_much, model)

@@ -25,13 +25,14 @@ from .scheduler import Scheduler
 
 def kv_blocks(config: EngineConfig, model: Llama) -> BlockManager:
     """The pool the KV budget buys, in blocks of ``block_size`` tokens (by default what stage 02 reserves for
-    max_num_seqs slots of max_model_len), with a prefix cache unless it is switched off."""
+    max_num_seqs slots of max_model_len, each rounded up to whole blocks: a request of max_model_len tokens always
+    fits), with a prefix cache unless it is switched off."""
     c, bs = config.cache, config.cache.block_size
     per_block = bs * model.config.kv_bytes_per_token(model.dtype.itemsize)
     budget = parse_memory(c.kv_cache_memory, model.device)  # a fraction of free memory is measured now
     available = available_memory(model.device)
     if budget is None:  # stage 02's reservation, but never more than 90% of what the machine has left
-        budget = config.scheduler.max_num_seqs * config.model.max_model_len * per_block // bs
+        budget = config.scheduler.max_num_seqs * -(-config.model.max_model_len // bs) * per_block
         budget = min(budget, int(0.9 * available)) if available else budget
     elif available and budget > available:
         raise MemoryError(f"kv_cache_memory={c.kv_cache_memory} asks for {budget / 2**30:.2f} GiB of KV blocks but "
