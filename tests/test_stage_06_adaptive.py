@@ -169,3 +169,20 @@ def test_a_policy_flag_that_is_not_a_bool_is_refused_naming_the_key():
         spec_llm({"method": "ngram", "num_speculative_tokens": 2, "enable_adaptive_verification": "yes"})
     assert e.value.param == "speculative_config.enable_adaptive_verification"
     assert "enable_adaptive_verification" in str(e.value)
+
+
+def test_a_request_aborted_between_steps_leaves_nothing_in_the_policy():
+    """Clients that leave once their request has an acceptance of its own: 10 of them, and the policy keeps none."""
+    from common import SamplingParams
+    llm, _ = spec_llm({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                       "prompt_lookup_max": 3})
+    policy = llm.engine.scheduler.policy
+    for _ in range(10):
+        stream = llm.add_request([5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(max_tokens=40, temperature=0))
+        reader = iter(llm.read(stream))
+        for _ in range(6):  # a few steps: the first drafts come once the output repeats
+            next(reader)
+        assert len(policy.own) == 1
+        llm.abort(stream.request_id)
+    llm.generate([[5, 6]], SamplingParams(max_tokens=2))  # one more request: the queued aborts are applied
+    assert policy.own == {} and llm.engine.scheduler.running == []

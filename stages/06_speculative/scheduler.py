@@ -125,6 +125,13 @@ class SpeculativeScheduler(Scheduler):
         # lab 06.2 end
         return caps
 
+    def abort(self, seq: Sequence) -> None:
+        """Stage 03's, and the policy forgets the request at once (an abort between steps is never in a batch that
+        `postprocess` sees finish); the proposers drop theirs when they next see it finished."""
+        super().abort(seq)
+        if self.policy is not None:
+            self.policy.forget([seq.seq_id])
+
     def release(self) -> None:
         """Drop every request, and what the proposers hold for them (the draft model's KV blocks)."""
         super().release()
