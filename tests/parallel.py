@@ -37,3 +37,13 @@ def slow_first(items: list) -> None:
     """Reorder collected ``items`` in place: SLOW_FIRST's files first, in its order; the rest as collected."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
+def file_seconds(reports) -> list[tuple[str, float]]:
+    """Each test file's seconds (set-up, call and tear-down of its tests, module fixtures included), slowest first:
+    what SLOW_FIRST orders by, since a file runs whole on one worker."""
+    totals: dict[str, float] = {}
+    for report in reports:
+        name = report.nodeid.split("::", 1)[0]
+        totals[name] = totals.get(name, 0.0) + getattr(report, "duration", 0.0)
+    return sorted(totals.items(), key=lambda item: -item[1])
