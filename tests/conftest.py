@@ -45,6 +45,15 @@ def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; a run without xdist never calls it
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s `--dist loadfile`, with test_arm64.py's two long tests on both workers (tests/parallel.py)."""
+    if config.getoption("dist", None) == "loadfile":
+        from parallel import scheduler
+        return scheduler(config, log)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """The slowest files first (tests/parallel.py): under `make test`'s two workers no worker waits at the end on
     one long file; in a plain run the order changes nothing but when each file runs."""
