@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 MODEL  := $(VENV)/.stamp-model
 
-.PHONY: demo soak test test-profile test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium arm64
+.PHONY: demo soak test test-deep test-profile test-fast lint native-check native-bench bench bench-serve aiperf mutants setup model clean vllm-venv chromium arm64
 
 setup: $(DEPS)
 
@@ -33,18 +33,26 @@ soak: $(MODEL)
 # `make test`: the set-up as one graph (tests/bootstrap: the venv, ONE apt-get for chromium and the aarch64 tools,
 # the model, the kernel builds, the arm64 root, native-check), its independent steps side by side and each skipped
 # where already done and valid; then ruff; then the whole suite, tiny-model, real-model and cluster tests alike, on
-# two workers, the slowest files first (tests/parallel.py). `make test-profile` also prints the 25 slowest tests
-# (the set-up prints its steps' times, and writes them to .setup-times.json).
+# two workers, the slowest files first (tests/parallel.py). The hypothesis profile (tests/workloads.py): `make test`
+# runs "quick" (each property test's examples cut to 40%, at least 10), `make test-deep` "deep" (every test's own
+# count); .ci/run runs deep. `make test-profile` also prints the 20 slowest tests, the files' totals and the
+# set-up's steps, slowest first (it writes them to .setup-times.json).
 PYTEST_PARALLEL := -q -n 2 --dist loadfile --no-loadscope-reorder
+STEPWISE_TEST_PROFILE ?= quick
+export STEPWISE_TEST_PROFILE
 test:
 	$(PYTHON) tests/bootstrap
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) tests
 
+test-deep:
+	$(MAKE) --no-print-directory test STEPWISE_TEST_PROFILE=deep
+
 test-profile:
 	$(PYTHON) tests/bootstrap --times .setup-times.json
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=25 tests
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=20 tests
+	$(PYTHON) tests/bootstrap --show-times .setup-times.json
 
 test-fast: $(MODEL)
 	$(BIN)/python -m pytest -q -m "not real_model and not cluster" tests
@@ -151,7 +159,7 @@ bench-serve: $(MODEL) aiperf
 # Mutation testing, a tool and not a CI step: mutmut plants small bugs in the core engine modules ([tool.mutmut]
 # in pyproject.toml) one at a time, runs the fast tests that cover each, and lists the mutants no test caught.
 # Slow: about 700 mutants at 1-2 a minute on one busy core, so hours; MUTANT_JOBS runs that many at once on a
-# machine with cores to spare. Property tests run at MUTANT_EXAMPLES of their usual examples. On a shared machine
+# machine with cores to spare. Property tests run at MUTANT_EXAMPLES of their deep counts. On a shared machine
 # pin it: `taskset -c 1 make mutants`. `mutmut show NAME` (in the venv) prints one mutant's diff.
 MUTMUT := 3.8.1
 PYTEST_TIMEOUT := 2.4.0
@@ -162,7 +170,7 @@ mutants: $(MODEL)
 		assert m.version('pytest-timeout') == '$(PYTEST_TIMEOUT)'" 2>/dev/null || $(BIN)/pip install -q \
 		--disable-pip-version-check "mutmut==$(MUTMUT)" "pytest-timeout==$(PYTEST_TIMEOUT)"
 	rm -rf mutants
-	STEPWISE_EXAMPLES_SCALE=$(MUTANT_EXAMPLES) OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(MUTANT_JOBS)
+	STEPWISE_TEST_PROFILE=deep STEPWISE_EXAMPLES_SCALE=$(MUTANT_EXAMPLES) OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(MUTANT_JOBS)
 	@echo "survivors (and mutants no fast test covers):"
 	@$(BIN)/mutmut results
 

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 # Triton kernels run interpreted (NumPy) on a machine without CUDA. Triton reads this when a
 # kernel is decorated, so it must be set before any kernel module is imported.
@@ -15,6 +16,13 @@ sys.path.insert(0, str(ROOT))
 
 from common.paths import DEFAULT_MODEL  # noqa: E402
 from common.prepare import resolve_model  # noqa: E402
+from workloads import PROFILES, examples, profile  # noqa: E402
+
+# The test profiles (tests/workloads.py says what each runs): `make test` quick, `make test-deep` and CI deep. A
+# property test without its own count runs hypothesis's 100 examples, scaled by the profile like every other.
+for _name in PROFILES:
+    settings.register_profile(_name, max_examples=examples(100, _name), deadline=None)
+settings.load_profile(profile())
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +45,30 @@ def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; a run without xdist never calls it
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s `--dist loadfile`, with test_arm64.py's two long tests on both workers (tests/parallel.py)."""
+    if config.getoption("dist", None) == "loadfile":
+        from parallel import scheduler
+        return scheduler(config, log)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """The slowest files first (tests/parallel.py): under `make test`'s two workers no worker waits at the end on
     one long file; in a plain run the order changes nothing but when each file runs."""
     from parallel import slow_first
     slow_first(items)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """With --durations (`make test-profile`): each file's total too, the slowest 20, since `make test`'s two
+    workers take files whole (tests/parallel.py)."""
+    if config.getoption("durations", None) is None or hasattr(config, "workerinput"):
+        return
+    from parallel import file_seconds
+    reports = [r for key in ("passed", "failed", "skipped", "error", "") for r in terminalreporter.stats.get(key, [])
+               if hasattr(r, "nodeid") and hasattr(r, "duration")]
+    terminalreporter.write_sep("=", "slowest 20 files (their tests' set-up, call and tear-down, summed)")
+    for name, seconds in file_seconds(reports)[:20]:
+        terminalreporter.write_line(f"{seconds:8.2f}s  {name}")

@@ -1,5 +1,5 @@
 """How `make test` spreads the suite over two workers (pytest-xdist, `-n 2 --dist loadfile`): each test file goes
-whole to one worker, so its module fixtures (engines, servers, a browser) are built once, as in a plain run; and
+whole to one worker (but SPLIT's), so its module fixtures (engines, servers, a browser) are built once; and
 the files start slowest first, so that no worker is left idle behind one long file at the end (longest first is
 the classic rule for splitting jobs between machines). Most slow tests wait on a child process (a build for another
 ISA, stage 04 under qemu, a server, Ray) or on I/O, so the other worker has a core to run on meanwhile.
@@ -31,9 +31,35 @@ SLOW_FIRST = [
     "test_kernels.py",
     "test_parallel_sampling.py",
 ]
+# Files whose tests go to the workers one by one, not whole: each test is minutes of its own child process (stage
+# 04 under qemu, built by another compiler) and shares nothing but the x86 oracle, so the two can run side by side
+# instead of one after the other on one worker.
+SPLIT = ("test_arm64.py",)
+
+
+def scheduler(config, log):
+    """`--dist loadfile` as pytest-xdist does it, but for SPLIT's files, whose tests are scheduled one by one."""
+    from xdist.scheduler import LoadFileScheduling  # imported here: the aarch64 Python runs some tests without xdist
+
+    class FilesButSplit(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.rsplit("/", 1)[-1] in SPLIT else path
+
+    return FilesButSplit(config, log)
 
 
 def slow_first(items: list) -> None:
     """Reorder collected ``items`` in place: SLOW_FIRST's files first, in its order; the rest as collected."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
+def file_seconds(reports) -> list[tuple[str, float]]:
+    """Each test file's seconds (set-up, call and tear-down of its tests, module fixtures included), slowest first:
+    what SLOW_FIRST orders by, since a file runs whole on one worker."""
+    totals: dict[str, float] = {}
+    for report in reports:
+        name = report.nodeid.split("::", 1)[0]
+        totals[name] = totals.get(name, 0.0) + getattr(report, "duration", 0.0)
+    return sorted(totals.items(), key=lambda item: -item[1])

@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
 from common.tokenizer import Tokenizer
+from workloads import examples
 
 paged = importlib.import_module("stages.03_paged_kv")
 streaming = importlib.import_module("stages.05_streaming")
@@ -97,7 +98,7 @@ messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "u
                                            "content": contents}), min_size=1, max_size=4)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(messages=messages)
 def test_chat_content_is_text_never_control_tokens(tokenizer, messages):
     ids = tokenizer.encode_chat(messages)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
-from workloads import TINY_VOCAB, checked_steps, sampling_params
+from workloads import TINY_VOCAB, checked_steps, examples, sampling_params
 
 STAGES = ["stages.01_static_batch", "stages.02_continuous_batch", "stages.03_paged_kv", "stages.04_kernels",
           "stages.05_streaming"]
@@ -61,7 +61,7 @@ def run_in_order(llm, prompts, params, order):
     return result
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=engine_workloads())
 def test_every_stage_gives_the_reference_tokens(reference, workload):
     prompts, params, order, knobs = workload
@@ -99,7 +99,7 @@ def quantized_reference(request):
     return ReferenceLLM("tiny", dtype="bfloat16", quantization=request.param)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=engine_workloads())
 def test_every_stage_gives_the_reference_tokens_quantized(quantized_reference, workload):
     """Identical tokens hold within a precision: int8, int4 and w4a8, every stage against the reference."""

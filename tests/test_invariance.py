@@ -15,6 +15,7 @@ from common.numerics.attention import AttentionMetadata, attention
 from common.numerics.attention_tiles import decode_tile_rows
 from common.numerics.invariant import (CANDIDATE_TILES, ROW_TILE, Linear, choose_row_tile, find_row_tile,
                                        order_revealing_rows)
+from workloads import examples
 
 DTYPES = [torch.float32, torch.bfloat16]
 # The compiled CPU kernel where this machine builds it (common.numerics.native), and the tensor-op tiles everywhere.
@@ -27,7 +28,7 @@ def randn(gen, *shape, scale=1.0, dtype=torch.float32):
     return (torch.randn(*shape, generator=gen) * scale).to(dtype)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(rows=st.integers(1, 70), pick=st.integers(0, 69), dtype=st.sampled_from(DTYPES),
        shape=st.sampled_from(SMOLLM2_SHAPES[:4] + [(192, 1024), (512, 192)]), seed=st.integers(0, 2**32 - 1),
        scale=st.sampled_from([1e-2, 1.0, 30.0]))
@@ -142,7 +143,7 @@ class PagedStorage:
         return attention(q, self.k.view(-1, g, self.d), self.v.view(-1, g, self.d), meta)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(seqs=st.lists(st.tuples(st.integers(1, 150), st.integers(0, 200)), min_size=1, max_size=5),
        heads=st.sampled_from([(6, 2), (9, 3), (4, 4), (8, 1)]), d=st.sampled_from([32, 64]),
        block_size=st.sampled_from([1, 4, 16, 48, 128]), dtype=st.sampled_from(DTYPES),
@@ -194,7 +195,7 @@ def test_decode_tiles_are_padded_until_bmm_keeps_every_rows_bits(monkeypatch, kv
 
 
 @pytest.mark.skipif(True not in IMPLEMENTATIONS, reason="the compiled CPU attention did not build here")
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(seqs=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 200)), min_size=1, max_size=4),
        heads=st.sampled_from([(6, 2), (9, 3), (4, 4), (8, 1)]), d=st.sampled_from([16, 32, 48, 64, 128]),
        block_size=st.sampled_from([1, 4, 16, 48, 128]),
@@ -221,7 +222,7 @@ def test_compiled_attentions_vector_version_gives_the_portable_versions_bits(seq
     assert torch.equal(vector, portable)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(rows=st.integers(1, 40), pick=st.integers(0, 39), hidden=st.sampled_from([192, 576]),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-3, 1.0, 50.0]))
 def test_rms_norm_row_does_not_depend_on_batch(rows, pick, hidden, dtype, seed, scale):
@@ -237,7 +238,7 @@ def test_rms_norm_row_does_not_depend_on_batch(rows, pick, hidden, dtype, seed, 
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=1e-5)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(seqs=st.lists(st.tuples(st.integers(1, 90), st.integers(0, 120)), min_size=1, max_size=4),
        heads=st.sampled_from([(6, 2), (4, 4)]), block_size=st.sampled_from([4, 16]), dtype=st.sampled_from(DTYPES),
        seed=st.integers(0, 2**32 - 1))

@@ -17,6 +17,7 @@ from common.numerics import linear_reference as reference, native
 from common.numerics.invariant import Linear, uses_packed_bf16
 from common.numerics.int4 import Int4Linear, q4_1_groups, q4_1_quantize
 from common.numerics.int8 import Int8Linear
+from workloads import examples
 
 BUILT = native.load(native.LINEAR_SOURCE)
 AVX512 = BUILT and native.kernels(native.LINEAR_SOURCE).avx512_ready()
@@ -61,7 +62,7 @@ def kinds(kernel: str) -> list[str]:
     return ["bfloat16", "int8"] + (["float32", "int4"] if native.is_portable(kernel) else [])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 300), pick=st.integers(0, 299), shape=st.sampled_from(SHAPES), kind=st.integers(0, 3),
        seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-2, 1.0, 30.0]))
 def test_row_has_the_same_bits_in_a_call_of_any_size(kernel, rows, pick, shape, kind, seed, scale):
@@ -84,7 +85,7 @@ def test_row_has_the_same_bits_in_a_call_of_any_size(kernel, rows, pick, shape, 
     torch.testing.assert_close(batched.float(), x.float() @ weight.t(), rtol=1.6e-2, atol=1e-2 * scale)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 40), shape=st.sampled_from(SHAPES), kind=st.sampled_from(["bfloat16", "float32", "int8",
                                                                                        "int4"]),
        seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([2.0 ** -120, 1e-2, 1.0, 30.0]), data=st.data())

@@ -11,6 +11,7 @@ from common.numerics.invariant import CANDIDATE_TILES, ROW_TILE, choose_row_tile
 from common.numerics.int4 import Int4Linear, q4_1_groups, q4_1_quantize
 from common.numerics.int8 import Int8Linear
 from common.numerics.quant import GROUP_SIZE, Q4_1_SUFFIX, precision_bytes
+from workloads import examples
 
 SMOLLM2_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down: [out, in]
 
@@ -113,7 +114,7 @@ def test_every_row_count_up_to_the_tile_gives_a_row_the_same_bits(kind):
         assert torch.equal(linear.kernel(x[:rows]), alone[:rows]), rows
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 2 * max(CANDIDATE_TILES) + 9), st.integers(0, 10_000), st.sampled_from(SMOLLM2_SHAPES),
        st.sampled_from(["int8", "int4"]), st.integers(0, 2**16))
 def test_quantized_row_does_not_depend_on_batch(rows, pick, shape, kind, seed):

@@ -4,6 +4,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from common.sampler import greedy_tokens, make_generator, nucleus, sample, sample_batch
 from common.sampling import SamplingParams
+from workloads import examples
 
 
 @pytest.mark.parametrize("kwargs,field", [
@@ -124,7 +125,7 @@ def test_greedy_rows_of_a_batch_take_their_own_argmax():
     assert sample_batch(logits, params, [None] * 3) == [1, 0, 3]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), vocab=st.sampled_from([5, 64, 1000, 49152]),
        top_p=st.floats(0.01, 0.99), spread=st.sampled_from([0.1, 1.0, 4.0]))
 @example(seed=128, vocab=49152, top_p=0.5, spread=0.1)  # tokens 15245 and 40003 tie (2.0439647e-05) at the cutoff

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from common import ReferenceLLM, SamplingParams
-from workloads import Server, wait_until
+from workloads import examples, Server, wait_until
 
 streaming = importlib.import_module("stages.05_streaming")
 answers_module = importlib.import_module("stages.streaming.server.answers")
@@ -264,7 +264,7 @@ def short_server():  # a short context: every accepted request ends within 64 to
         yield s
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(request=requests())
 def test_fuzzed_bodies_never_get_a_500_and_never_hang(short_server, request):
     path, payload = request

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
-from workloads import checked_steps, workloads
+from workloads import checked_steps, examples, workloads
 
 kernels = importlib.import_module("stages.04_kernels")
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ def reference():
     return ReferenceLLM("tiny", dtype="bfloat16")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(), max_num_seqs=st.integers(1, 6), kv_blocks=st.integers(0, 20))
 def test_same_tokens_as_reference_on_cpu(reference, workload, max_num_seqs, kv_blocks):
     prompts, params = workload
@@ -141,7 +141,7 @@ def test_the_fusion_count_sees_each_compiled_kernel_call_once():
     if native.linear_kernel():  # our kernels take any call whole: q/k/v, o, gate/up, down per layer, LM head
         assert by_op["linear"] == 4 * layers + 1
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(rows=st.integers(1, 70), hidden=st.sampled_from([192, 576]), dtype=st.sampled_from(["bfloat16", "float32"]),
        scale=st.sampled_from([1e-3, 1.0, 60.0]), heads=st.sampled_from([(9, 3), (6, 2), (4, 4)]),
        seed=st.integers(0, 2**32 - 1))

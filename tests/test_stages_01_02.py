@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
-from workloads import workloads
+from workloads import examples, workloads
 
 STAGES = ["stages.01_static_batch", "stages.02_continuous_batch"]
 TOY_LENGTHS = [62, 14, 15, 28, 98, 2, 28, 39]  # 286 tokens; the article's toy run totals
@@ -22,7 +22,7 @@ def reference():
 
 
 @pytest.mark.parametrize("stage", STAGES)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(), max_num_seqs=st.integers(1, 6))
 def test_same_tokens_as_reference(reference, stage, workload, max_num_seqs):
     prompts, params = workload

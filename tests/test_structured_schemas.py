@@ -17,7 +17,7 @@ from jsonschema.validators import validator_for
 from common import SamplingParams
 from common.sampling import StructuredOutputsParams
 from common.validate import InvalidParam
-from workloads import Server
+from workloads import examples, Server
 
 pytest.importorskip("llguidance")
 structured = importlib.import_module("stages.07_structured")
@@ -116,7 +116,7 @@ def test_the_backend_is_chosen_as_vllm_names_it(llm):
     assert llm.engine_config.structured_outputs.backend == "auto"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=2, max_size=4, unique=True),
        st.data())
 def test_a_oneof_with_a_discriminator_never_yields_a_value_matching_two_branches(grammars, kinds, data):
@@ -215,7 +215,7 @@ VALUES = st.recursive(st.none() | st.booleans() | st.integers(-3, 40) | st.sampl
 
 
 @pytest.mark.parametrize("schema", REWRITTEN)
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(value=VALUES)
 def test_a_rewritten_schema_accepts_exactly_what_the_original_does(schema, value):
     """The oracle is jsonschema on both: the original under its own draft, the rewritten one under 2020-12."""

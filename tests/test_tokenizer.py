@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from common.tokenizer import IncrementalDetokenizer, Tokenizer
+from workloads import examples
 
 CORPUS = [
     "Hello, world!", " leading space", "  two leading spaces", "trailing space ", "tabs\tand\nnewlines\n\n",
@@ -48,7 +49,7 @@ def test_chat_template_has_default_system_prompt(ours):
     assert ids[0] == ours.token_to_id("<|im_start|>") == 1 and ours.eos_token_id == 2
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=80))
 @pytest.mark.real_model
 def test_incremental_detokenizer_concatenates_to_full_text(ours, text):
@@ -97,7 +98,7 @@ def test_incremental_detokenizer_holds_back_a_character_split_over_byte_tokens(t
     assert [cut.add(t) for t in ids[:4]] == ["c", "a", "f", ""] and cut.flush() == "\ufffd"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40))
 def test_incremental_detokenizer_on_byte_tokens_concatenates_without_broken_pieces(tiny, text):
     """Fast twin of the real-model test: the tiny vocabulary (1,024 ids) splits most non-ASCII characters into byte

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from common.numerics import linear_reference as reference, native
 from common.numerics.int4 import Int4Linear, q4_1_groups, q4_1_quantize
 from common.numerics.quant import parse_quantization
+from workloads import examples
 
 pytestmark = pytest.mark.skipif(not native.w4a8_kernel(), reason="linear.cpp did not build here (no compiler?)")
 SHAPES = [(960, 576), (576, 1536), (16, 32), (48, 64), (80, 96)]
@@ -23,7 +24,7 @@ def make(out_features: int, in_features: int, seed: int):
     return linear, [torch.from_numpy(t.astype(np.float32)) for t in (codes, d, m)], gen
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 40), shape=st.sampled_from(SHAPES), seed=st.integers(0, 2**32 - 1),
        scale=st.sampled_from([2.0 ** -120, 2.0 ** -90, 1e-2, 1.0, 30.0]), data=st.data())
 def test_the_kernel_gives_the_bits_of_its_definition(rows, shape, seed, scale, data):

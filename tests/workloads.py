@@ -13,8 +13,27 @@ from common import SamplingParams
 TINY_VOCAB = 1024
 
 
-def examples(n: int) -> int:
-    """A property test's hypothesis examples: ``n``, times $STEPWISE_EXAMPLES_SCALE (`make mutants` runs fewer)."""
+# The test profiles ($STEPWISE_TEST_PROFILE): "deep" runs each property test's own count of hypothesis examples
+# (`make test-deep`, and CI through .ci/run); "quick", `make test`'s default, runs QUICK_SHARE of it, never fewer
+# than QUICK_FLOOR (nor more than the test's own count): the strategies are the same, so quick draws from the same
+# space, less densely, and every fixed case (parametrize, @example, the explicit scenarios) runs in both.
+PROFILES = ("quick", "deep")
+QUICK_SHARE, QUICK_FLOOR = 0.4, 10
+
+
+def profile() -> str:
+    """The test profile in force: $STEPWISE_TEST_PROFILE, "quick" when unset; any other name is refused."""
+    name = os.environ.get("STEPWISE_TEST_PROFILE") or "quick"
+    if name not in PROFILES:
+        raise ValueError(f"STEPWISE_TEST_PROFILE={name!r}: the profiles are {', '.join(PROFILES)}")
+    return name
+
+
+def examples(n: int, name: str | None = None) -> int:
+    """A property test's hypothesis examples, ``n`` being its own (deep) count: scaled by the profile ``name`` (the
+    one in force by default), then times $STEPWISE_EXAMPLES_SCALE (`make mutants` runs fewer)."""
+    if (name or profile()) == "quick":
+        n = min(n, max(QUICK_FLOOR, round(n * QUICK_SHARE)))
     return max(1, round(n * float(os.environ.get("STEPWISE_EXAMPLES_SCALE", "1"))))
 
 

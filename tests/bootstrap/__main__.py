@@ -5,6 +5,7 @@
     python3 tests/bootstrap --list          the steps, what each needs, and whether each is done (runs the checks)
     python3 tests/bootstrap --force native-check   run a step even where its check says done
     python3 tests/bootstrap --times t.json  also write each step's state and seconds (`make test-profile`)
+    python3 tests/bootstrap --show-times t.json   print those steps again, slowest first; run nothing
 
 Standard library only: it runs with the system's python3 before the venv exists. Each step's lines are printed
 with its name in front, and its time when it ends; a table of them closes the run. Exit status 1 if a step failed.
@@ -27,7 +28,10 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list the steps and whether each is done; run nothing")
     ap.add_argument("--force", action="append", default=[], metavar="STEP", help="run STEP even if done")
     ap.add_argument("--times", type=Path, metavar="JSON", help="write each step's state and seconds here")
+    ap.add_argument("--show-times", type=Path, metavar="JSON", help="print a --times file, slowest step first")
     args = ap.parse_args(argv)
+    if args.show_times:
+        return show_times(json.loads(args.show_times.read_text()))
     names = closure(STEPS, args.steps or list(STEPS))
     if args.list:
         for name in names:
@@ -47,6 +51,15 @@ def main(argv=None) -> int:
             {"name": o.name, "state": o.state, "seconds": round(o.seconds, 1), "note": o.note} for o in outcomes]},
             indent=1))
     return 1 if any(o.state in ("failed", "not run") for o in outcomes) else 0
+
+
+def show_times(times: dict) -> int:
+    """`make test-profile`'s closing lines: the set-up's steps, slowest first (they overlapped: the wall time is the
+    set-up's, each step's is its own, waits for its needs not counted)."""
+    print(f"set-up: {times['wall_s']:.1f} s wall; its steps, slowest first:")
+    for step in sorted(times["steps"], key=lambda s: -s["seconds"]):
+        print(f"  {step['seconds']:7.1f} s  {step['name']:>12}  {step['state']}")
+    return 0
 
 
 if __name__ == "__main__":
