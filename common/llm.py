@@ -37,15 +37,21 @@ class LLM:
     command_line_defaults: Mapping[str, object] = MappingProxyType({})
 
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, *, trace: str | os.PathLike | None = None,
-                 **options):
-        """``options``: `EngineConfig.create`'s (vLLM's names); ``trace``: write the X-ray's recording there."""
+                 build: Callable[[EngineConfig, Tokenizer], Engine] | None = None,
+                 constraints: Callable[[SamplingParams, Request], list[LogitsProcessor]] | None = None, **options):
+        """``options``: `EngineConfig.create`'s (vLLM's names); ``trace``: write the X-ray's recording there.
+        A later stage that holds this front end instead of subclassing it (stages 06-07 hold stage 05's) gives its
+        assembly as ``build`` and, stage 07, its grammar as ``constraints`` (a request's constraint processors)."""
         self.engine_config = EngineConfig.create(model, **options)  # every option checked, before the weights load
         m = self.engine_config.model
         self.folder, self.device, self.dtype, self.batch_invariant = Path(m.folder), m.device, m.dtype, \
             m.batch_invariant
         self.max_model_len = m.max_model_len
         self.tokenizer = Tokenizer(self.folder)
-        self.engine = type(self).build(self.engine_config, self.tokenizer)
+        build = build or type(self).build
+        self.stage = build.__module__  # the assembly's module: the stage's, also where a later stage holds this one
+        self.constraints = constraints
+        self.engine = build(self.engine_config, self.tokenizer)
         self.model = self.engine.model
         self.quantization = self.model.quantization  # None, 'int8', 'int4' or 'w4a8' (common.numerics.quant)
         self.config = self.model.config  # the model's shape
@@ -56,9 +62,8 @@ class LLM:
         self.trace = None  # trace=PATH: the X-ray's recorder (common/trace.py), which writes PATH after each generate
         if trace is not None:
             from common.trace import Recorder  # lazily: an engine without a trace never imports it
-            module = type(self).__module__  # a stage's by its folder's name (03_paged_kv), whatever imported it
-            folder = Path(sys.modules[module].__file__).parent.name if module.startswith("stages.") else None
-            label = folder or module.removesuffix(".engine")
+            folder = Path(sys.modules[self.stage].__file__).parent.name if self.stage.startswith("stages.") else None
+            label = folder or self.stage.removesuffix(".engine")  # a stage's by its folder's name (03_paged_kv)
             self.trace = self.add_observer(Recorder(label, path=trace))
         self.num_steps = 0  # steps this LLM has run, across runs
         self.started = time.perf_counter()  # the time axis of the step events
@@ -108,11 +113,13 @@ class LLM:
                                 [ids for w in words for ids in w]) + self.constraint_processors(params, request)
 
     def constraint_processors(self, params: SamplingParams, request: Request) -> list[LogitsProcessor]:
-        """The request's structured-output constraint. Only stage 07 applies one (it overrides this): elsewhere such
-        a request is refused, never run unconstrained."""
+        """The request's structured-output constraint. Only stage 07 applies one (it gives ``constraints``, or a
+        front end mixes in its ``StructuredOutputs``): elsewhere such a request is refused, never run unconstrained."""
+        if self.constraints is not None:
+            return self.constraints(params, request)
         if params.structured_outputs is not None:
-            raise InvalidParam("structured_outputs", f"{type(self).__module__}.{type(self).__name__} does "
-                                                     "not apply structured_outputs: use stage 07 (stages.structured)")
+            raise InvalidParam("structured_outputs", f"{self.stage}'s LLM does not apply structured_outputs: use "
+                                                     "stage 07 (stages.structured)")
         return []
 
     def bad_word_ids(self, word: str) -> list[list[int]]:

@@ -8,6 +8,7 @@ from pathlib import Path
 __path__ = [str(Path(__file__).with_name("05_streaming"))]
 
 from stages.streaming.engine import LLM, build  # noqa: E402
+from stages.streaming.front import HeldFrontEnd  # noqa: E402
 from stages.streaming.streams import QueueFull, RequestStream, StreamChunk  # noqa: E402
 
-__all__ = ["LLM", "build", "QueueFull", "RequestStream", "StreamChunk"]
+__all__ = ["LLM", "HeldFrontEnd", "build", "QueueFull", "RequestStream", "StreamChunk"]

@@ -93,11 +93,12 @@ def run(args: argparse.Namespace) -> None:
         console = Console(width=150)
     if args.command == "serve":
         from stages.speculative.engine import LLM
+        from stages.speculative.measure import describe
         from stages.streaming.server.shutdown import serve  # stage 05's server
         llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
                   max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
                   speculative_config=args.speculative_config)
-        console.print(f"[bold]engine:[/] {llm.describe()}")
+        console.print(f"[bold]engine:[/] {describe(llm)}")
         try:
             serve(llm, args.host, args.port, args.served_model_name or args.model, api_key=args.api_key)
         finally:

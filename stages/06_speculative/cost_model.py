@@ -8,7 +8,7 @@ machine, the load and the workload, so no constant (``disable_by_batch_size``) i
 * `StepCost` measures what a step costs here, as a function of the rows it feeds: t(rows) = a + b * rows, a
   least-squares line over the latest steps of each size class (the step's own rows, drafts aside, rounded down
   to a power of two; the fastest step at each row count), seeded at start-up by a few calibration steps
-  (engine.py's ``LLM.calibrate``) and refined by every step the engine runs.
+  (calibration.py) and refined by every step the engine runs.
 * `AdaptiveDrafts` keeps each request's acceptance: the chance that its next draft token is kept, given that the
   ones before it were (a running ratio of drafts kept to drafts tried, each request's own, pulled towards its
   proposer's). With acceptance α, k drafts are worth 1 + α + ... + α^k tokens (the first miss ends the run), so
@@ -24,7 +24,6 @@ Here it is on by default; ``enable_adaptive_verification: false`` drafts every p
 """
 from __future__ import annotations
 
-import random
 from collections import Counter, deque
 
 from common.sequence import Sequence
@@ -155,21 +154,3 @@ class AdaptiveDrafts:
         for seq_id in seq_ids:
             self.own.pop(seq_id, None)
 
-
-def calibration_prompts(batch: int, rows: int, vocab_size: int, seed: int) -> list[list[int]]:
-    """``batch`` prompts of ``rows`` tokens in all, random tokens (so no prefix cache hit shortens the step)."""
-    rng = random.Random(seed)
-    each = [rows // batch + (i < rows % batch) for i in range(batch)]
-    return [[rng.randrange(3, vocab_size) for _ in range(n)] for n in each]
-
-
-def calibration_points(max_num_seqs: int, k: int, max_rows: int) -> list[tuple[int, int]]:
-    """(requests, rows) of the start-up steps: for 1, 2, 4, ... requests, their rows alone and with k drafts
-    each (and halfway), as far as a step's budget allows."""
-    points, batch = [], 1
-    while batch <= max_num_seqs:
-        for rows in (batch, batch + batch * k // 2, batch * (k + 1)):
-            if rows <= max_rows:
-                points.append((batch, rows))
-        batch *= 2
-    return points

@@ -10,20 +10,21 @@ exactly those one-at-a-time decoding gives, greedy or seeded); the KV slots of t
 """
 from __future__ import annotations
 
-import time
 from types import MappingProxyType
 
 from common.engine import LLMEngine
 from common.engine_config import EngineConfig
 from common.model import Llama
+from common.paths import DEFAULT_MODEL
 from common.prepare import resolve_model
 from common.runner import ModelRunner
 from common.tokenizer import Tokenizer
 from stages.kernels import KernelLlama, KernelPagedCache  # stage 04: model.py, kernel_cache.py
 from stages.paged_kv import BlockManager, kv_blocks  # stage 03: block_manager.py, engine.py
-from stages.streaming import LLM as StreamingLLM  # stage 05: engine.py
+from stages.streaming import LLM as StreamingLLM, HeldFrontEnd  # stage 05: engine.py, front.py
 
-from .cost_model import AdaptiveDrafts, calibration_points, calibration_prompts
+from .calibration import calibrate
+from .cost_model import AdaptiveDrafts
 from .defaults import STAGE_DEFAULT
 from .draft_model import DraftModelProposer
 from .proposers import NgramProposer, PredictionProposer, Proposer
@@ -78,53 +79,18 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
     return LLMEngine(model, scheduler, paged_cache(model, blocks, config.cache.fused_attention), ModelRunner(model))
 
 
-class LLM(StreamingLLM):
-    """Stage 05's front end over this stage's engine, with what speculation did counted (``spec_stats``)."""
+class LLM(HeldFrontEnd):
+    """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, with what speculation
+    did counted (``spec_stats``) and the adaptive policy calibrated (calibration.py) before the first request."""
     build = staticmethod(build)
     # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm): prompt lookup.
     command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.spec_stats = self.add_observer(SpecStats())
-        self.calibrate()
-
-    def calibrate(self) -> None:
-        """The policy's first measurements: a few steps of 1, 2, 4, ... requests feeding their rows alone and with
-        drafts (prompts of random tokens, one step each, run on the engine directly: no observer, no server metric
-        sees them), so it knows what rows cost here before the first request. Every later step refines them."""
-        engine, policy = self.engine, self.engine.scheduler.policy
-        if policy is None:
-            return
-        sched, bm = engine.scheduler, engine.scheduler.block_manager
-        most = min(sched.max_num_batched_tokens, (bm.num_free_blocks - sched.max_num_seqs - 1) * bm.block_size)
-        k = self.engine_config.speculative.num_speculative_tokens
-        points = calibration_points(min(sched.max_num_seqs, 64), k, most)
-        for i, (batch, rows) in enumerate(points[-1:] + points):  # the first pays one-time costs, unmeasured
-            prompts = calibration_prompts(batch, rows, self.config.vocab_size, seed=i)
-            try:
-                for seq in [s for p in prompts for s in self.make_samples(p, {"temperature": 0, "max_tokens": 1})]:
-                    engine.add(seq)
-                start = time.perf_counter()
-                engine.step()
-                seconds = time.perf_counter() - start
-                if i > 0 and not engine.has_work():  # one step took them all
-                    policy.cost.observe(batch, rows, seconds)
-                while engine.has_work():
-                    engine.step()
-            finally:
-                engine.release()
-
-    def describe(self) -> str:
-        """The line the stage prints first: what runs, and on which path (the figures depend on it)."""
-        spec = self.engine_config.speculative
-        weights = f" ({self.quantization} weights)" if self.quantization else ""
-        draft = next((p for p in self.engine.scheduler.proposers if isinstance(p, DraftModelProposer)), None)
-        note = f"; the draft's {draft.model.row_tile_note}" if draft is not None else ""
-        return (f"stage 06 on {self.execution_path}, {self.dtype}{weights}; speculation: "
-                f"{spec.describe() if spec else 'off'}; {self.model.row_tile_note}{note}")
+    def __init__(self, model: str = DEFAULT_MODEL, **options):
+        self.front = StreamingLLM(model, build=build, **options)
+        self.spec_stats = self.front.add_observer(SpecStats())
+        calibrate(self.front)
 
     def generate(self, *args, **kwargs):
         self.spec_stats.reset()
-        return super().generate(*args, **kwargs)
-
+        return self.front.generate(*args, **kwargs)

@@ -17,8 +17,19 @@ from common.config import ModelConfig
 from common.loader import parse_dtype
 from stages import streaming
 
+from .draft_model import DraftModelProposer
 from .engine import LLM
 from .workloads import build
+
+
+def describe(llm: LLM) -> str:
+    """The line the stage's commands print first: what runs, and on which path (the figures depend on it)."""
+    spec, front = llm.engine_config.speculative, llm.front
+    weights = f" ({front.quantization} weights)" if front.quantization else ""
+    draft = next((p for p in llm.engine.scheduler.proposers if isinstance(p, DraftModelProposer)), None)
+    note = f"; the draft's {draft.model.row_tile_note}" if draft is not None else ""
+    return (f"stage 06 on {front.execution_path}, {front.dtype}{weights}; speculation: "
+            f"{spec.describe() if spec else 'off'}; {front.model.row_tile_note}{note}")
 
 
 @dataclass
@@ -86,7 +97,7 @@ def measure(args, console: Console, recorder=None) -> list[Row]:
         if recorder is not None:
             spec.add_observer(recorder)
         if not rows:
-            console.print(f"[bold]engine:[/] {spec.describe()}")
+            console.print(f"[bold]engine:[/] {describe(spec)}")
         for workload in args.workloads:
             rows.append(run_one(base, spec, workload, in_flight, args, recorder))
             console.print(f"  {workload} at {in_flight} in flight: {rows[-1].speedup:.2f}x "

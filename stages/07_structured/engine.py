@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from common.engine import LLMEngine
 from common.engine_config import EngineConfig
+from common.paths import DEFAULT_MODEL
 from common.processors import LogitsProcessor
 from common.requests import Request
 from common.runner import ModelRunner
@@ -24,7 +25,7 @@ from stages.kernels import KernelLlama  # stage 04: model.py
 from stages.paged_kv import kv_blocks  # stage 03: engine.py
 from stages.speculative import (STAGE_DEFAULT, SpeculativeScheduler, paged_cache, speculative_policy,  # stage 06
                                 speculative_proposers)
-from stages.streaming import LLM as StreamingLLM  # stage 05: engine.py
+from stages.streaming import LLM as StreamingLLM, HeldFrontEnd  # stage 05: engine.py, front.py
 
 from .backends import cache_stats, grammars_for
 from .constraint import GrammarConstraint, single_token
@@ -46,8 +47,9 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
 
 
 class StructuredOutputs:
-    """What any front end (`common.llm.LLM` subclass) needs to apply ``structured_outputs``: mixed in first, as this
-    stage does and as the tests do for the reference and stages 03-06 (the same constraint, the same arithmetic)."""
+    """What any front end needs to apply ``structured_outputs``: mixed in first into a `common.llm.LLM` subclass, as
+    the tests do for the reference and stages 03-06 (the same constraint, the same arithmetic), or, as this stage's
+    `LLM` does, its ``constraint_processors`` given to the front end it holds."""
 
     def constraint_processors(self, params: SamplingParams, request: Request) -> list[LogitsProcessor]:
         so = params.structured_outputs
@@ -75,18 +77,21 @@ class StructuredOutputs:
         return [rule]
 
 
-class LLM(StructuredOutputs, StreamingLLM):
-    """Stage 05's front end over this stage's engine, applying structured_outputs."""
+class LLM(StructuredOutputs, HeldFrontEnd):
+    """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, applying
+    structured_outputs: each request's constraint comes from `StructuredOutputs` (given as ``constraints``)."""
+    build = staticmethod(build)
+    # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm), as stage 06.
+    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})
+
+    def __init__(self, model: str = DEFAULT_MODEL, **options):
+        self.front = StreamingLLM(model, build=build, constraints=self.constraint_processors, **options)
 
     def server_gauges(self) -> dict[str, tuple[float, str]]:
         """Stage 05's gauges and the compiled-grammar cache's size (grammar_cache.py), for /metrics."""
         stats = cache_stats(str(self.folder), self.engine_config.structured_outputs.grammar_cache_bytes)
-        return super().server_gauges() | {
+        return self.front.server_gauges() | {
             "stepwise_grammar_cache_bytes": (stats["bytes"], "Compiled grammars kept, bytes (estimated)"),
             "stepwise_grammar_cache_max_bytes": (stats["max_bytes"], "The grammar cache's bound, bytes"),
             "stepwise_grammar_cache_entries": (stats["entries"], "Compiled grammars kept"),
             "stepwise_grammar_cache_evictions": (stats["evictions"], "Grammars dropped to stay under the bound")}
-
-    build = staticmethod(build)
-    # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm), as stage 06.
-    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})

@@ -47,7 +47,7 @@ def spec_llm(v, num_blocks: int, max_num_seqs: int, budget: int, k: int = 4):
 def same_tokens(llm, prompts, params) -> None:
     expected = reference().generate(prompts, params)
     # Stepped by the shared front end's loop: stage 05's streaming loop would turn an exception into an "error" output.
-    llm._run = types.MethodType(FrontEnd._run, llm)
+    llm.front._run = types.MethodType(FrontEnd._run, llm.front)  # stage 06's LLM holds stage 05's (front.py)
     for i, (e, g) in enumerate(zip(expected, llm.generate(prompts, params))):
         assert (g.token_ids, g.finish_reason) == (e.token_ids, e.finish_reason), (
             f"request {i} (prompt {prompts[i]}, max_tokens={params[i].max_tokens}): with speculation the tokens are "

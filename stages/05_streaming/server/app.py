@@ -25,6 +25,7 @@ from stages.xray.live import add_xray_routes
 
 from .backend import LocalEngine
 from ..engine import LLM, QueueFull, RequestStream
+from ..front import HeldFrontEnd
 from .answers import collect, stream_events, whole_choice
 from .errors import AnswerErrorsRoute, APIError, install_error_handlers
 from .guards import DEFAULT_MAX_BODY_BYTES, Guards
@@ -47,7 +48,7 @@ class Api:
 def create_app(llm, model_name: str = DEFAULT_MODEL, *, api_key: str | None = None, docs: bool = False,
                allowed_origins: tuple[str, ...] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                xray: bool = True) -> FastAPI:
-    engine = LocalEngine(llm) if isinstance(llm, LLM) else llm
+    engine = LocalEngine(llm) if isinstance(llm, (LLM, HeldFrontEnd)) else llm  # else a cluster's gateway
     api = Api(engine, model_name, Guards(api_key, allowed_origins, max_body_bytes), Drain(engine))
     app = FastAPI(title="stepwise", version="0.1.0", lifespan=api.drain.lifespan,
                   dependencies=[Depends(api.guards.check_origin)], docs_url="/docs" if docs else None,
