@@ -47,7 +47,7 @@ def refused(call, param: str) -> tuple[bool, str]:
     except openai.BadRequestError as e:
         err = e.body or {}
         ok = err.get("type") == "invalid_request_error" and param in (str(err.get("param")) + err.get("message", ""))
-        return ok, f"400 {err.get('param')}: {err.get('message', '')[:90]}"
+        return ok, f"400 {err.get('param')}: {err.get('message', '')[:130]}"
     except openai.APIError as e:
         return False, f"{type(e).__name__} {getattr(e, 'status_code', '')}: {str(e)[:90]}"
     return False, "200: served what no output satisfies"
