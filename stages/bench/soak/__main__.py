@@ -40,6 +40,8 @@ def arguments(argv=None) -> argparse.Namespace:
     ap.add_argument("--kv-memory", default="256MiB")
     ap.add_argument("--grammar-cache-mb", type=float, default=16,
                     help="small, so that distinct schemas fill it within the warm-up: the window sees it evict")
+    ap.add_argument("--xray-window", type=int, default=2000,
+                    help="the server's X-ray recording on, a ring of this many steps (0: off)")
     ap.add_argument("--sample-every", type=float, default=5.0, help="seconds between samples")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default=None, metavar="F.png")
