@@ -4,7 +4,7 @@ cache's bytes and bound, requests running and waiting).
 
 The KV pool (common/kv_cache.py's `zeroed`) is anonymous shared memory that the kernel hands out on first touch,
 so RSS climbs as blocks are written for the first time, for as long as the run takes to reach every block (a
-3-minute SmolLM2 soak touched under half of 256 MiB: docs/soak.md). That climb is bounded by the pool's size and
+3- or 4-minute SmolLM2 soak touched 113-169 MiB of 256: docs/soak.md). That climb is bounded by the pool's size and
 is not a leak, so the pool's pages (its mappings show as /dev/zero in /proc/PID/smaps) are sampled apart:
 ``kv_rss`` resident, ``kv_size`` mapped."""
 from __future__ import annotations
