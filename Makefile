@@ -26,7 +26,7 @@ demo: $(MODEL)
 	$(BIN)/python -m stages.05_streaming
 
 # The soak (docs/soak.md): the stage 07 server under an hour of mixed traffic, then its verdict. Run it alone.
-SOAK_ARGS ?= --minutes 60 --rate 1.0 --plot soak.png --json soak.json
+SOAK_ARGS ?= --minutes 60 --concurrency 12 --plot soak.png --json soak.json
 soak: $(MODEL)
 	$(BIN)/python -m stages.bench.soak $(SOAK_ARGS)
 

@@ -43,7 +43,10 @@ def plot(samples: list[dict], ttfts: list[tuple[float, float]], path: str) -> No
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    series = [("RSS (MiB)", lambda s: s["rss"] / 2**20), ("open fds", lambda s: s["fds"]),
+    series = [("RSS (MiB)", lambda s: s["rss"] / 2**20),
+              ("RSS less KV pool (MiB)", lambda s: (s["rss"] - s.get("kv_rss", 0)) / 2**20),
+              ("KV pool resident (MiB)", lambda s: s.get("kv_rss", 0) / 2**20),
+              ("in flight", lambda s: s.get("in_flight", 0)), ("open fds", lambda s: s["fds"]),
               ("threads", lambda s: s["threads"]), ("KV blocks used", lambda s: s["kv_used"]),
               ("grammar cache (MiB)", lambda s: s["grammar_bytes"] / 2**20)]
     fig, axes = plt.subplots(len(series) + 1, 1, figsize=(9, 2 * (len(series) + 1)), sharex=True)

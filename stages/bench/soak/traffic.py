@@ -1,7 +1,10 @@
-"""The soak's clients: open-loop Poisson arrivals of what users send, each answer checked.
+"""The soak's clients: what users send, each answer checked, as a closed loop or open-loop Poisson arrivals.
 
-Each arrival draws a kind (``KINDS``, by weight) and runs on its own task, never waiting for the others (open
-loop: a slow server meets more requests in flight, not fewer arrivals). Every answer is checked against what its
+Each request draws a kind (``KINDS``, by weight). Closed loop (``run_closed``, the soak's default): a fixed number
+of clients, each sending its next request when its last one ends, so the server holds about that many in flight
+whatever its speed: a soak must load the server (8-16 in flight) without drowning it, and an open loop at a rate
+the server cannot keep up with measures its growing queue, not the server (docs/soak.md). Open loop (``run``):
+each arrival on its own task, never waiting for the others. Every answer is checked against what its
 request asked for: a schema's output with jsonschema, a pattern's with ``re.fullmatch``, a choice's against the
 choices, a stop string absent from the text, a prediction's accepted + rejected counts within what was drafted,
 a hostile body answered with a 400. A 5xx, or a 200 that fails its check, counts against the verdict.
@@ -124,6 +127,19 @@ class Traffic:
                 await asyncio.sleep(self.rng.expovariate(self.rate))
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def run_closed(self, seconds: float, concurrency: int, kinds: dict[str, int] | None = None) -> None:
+        """``concurrency`` clients for ``seconds``, each starting a new request when its last one ends."""
+        kinds = kinds or KINDS
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=concurrency + 8)
+        async with httpx.AsyncClient(base_url=self.url, timeout=600, limits=limits) as http:
+            end = time.monotonic() + seconds
+
+            async def client() -> None:
+                while time.monotonic() < end:
+                    await self.one(http, self.rng.choices(list(kinds), weights=list(kinds.values()))[0])
+
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+
     async def one(self, http: httpx.AsyncClient, kind: str) -> None:
         self.in_flight += 1
         arrival = time.monotonic() - self.started
@@ -171,7 +187,9 @@ class Traffic:
                 if "error" in data:
                     self.judge(kind, 500 if data["error"]["type"] == "server_error" else 400, str(data)[:160])
                     return
-                first = first or time.monotonic() - self.started - arrival
+                if first is None:  # a client that disconnects later has seen its first token all the same
+                    first = time.monotonic() - self.started - arrival
+                    self.ttfts.append((arrival, first))
                 events += 1
                 for c in data.get("choices", []):
                     texts[c["index"]] = texts.get(c["index"], "") + (c["delta"].get("content") or "")
@@ -180,8 +198,6 @@ class Traffic:
                 if kind == "disconnect" and events >= 3:  # gone mid-stream: the server must abort it
                     self.count(kind, "ok")
                     return
-        if first is not None:
-            self.ttfts.append((arrival, first))
         why = next((p for i, t in texts.items() if (p := problem(kind, body, t, finish.get(i), usage))), None)
         if usage is None and kind != "disconnect":
             why = why or "no usage chunk"
