@@ -20,7 +20,7 @@ from common.prepare import resolve_model
 from common.runner import ModelRunner
 from common.tokenizer import Tokenizer
 from stages.kernels import KernelLlama, KernelPagedCache  # stage 04: model.py, kernel_cache.py
-from stages.paged_kv import BlockManager, kv_blocks  # stage 03: block_manager.py, engine.py
+from stages.paged_kv import BlockManager, kv_blocks  # stage 03: block_manager.py, kv_budget.py
 from stages.streaming import LLM as StreamingLLM, HeldFrontEnd  # stage 05: engine.py, front.py
 
 from .calibration import calibrate
