@@ -27,7 +27,8 @@ from .calibration import calibrate
 from .cost_model import AdaptiveDrafts
 from .defaults import STAGE_DEFAULT
 from .draft_model import DraftModelProposer
-from .proposers import NgramProposer, PredictionProposer, Proposer
+from .proposer import Proposer
+from .proposers import NgramProposer, PredictionProposer
 from .scheduler import SpeculativeScheduler
 from .spec_stats import SpecStats
 from .suffix import SuffixProposer
