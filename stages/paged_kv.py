@@ -8,7 +8,8 @@ from pathlib import Path
 __path__ = [str(Path(__file__).with_name("03_paged_kv"))]
 
 from stages.paged_kv.block_manager import BlockManager  # noqa: E402
-from stages.paged_kv.engine import LLM, BlockAudit, build, kv_blocks  # noqa: E402
+from stages.paged_kv.engine import LLM, BlockAudit, build  # noqa: E402
+from stages.paged_kv.kv_budget import kv_blocks  # noqa: E402
 from stages.paged_kv.paged_cache import PagedKVCache  # noqa: E402
 from stages.paged_kv.prefix_cache import PrefixCache  # noqa: E402
 from stages.paged_kv.scheduler import Scheduler  # noqa: E402

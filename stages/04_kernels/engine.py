@@ -12,7 +12,7 @@ from common.engine import LLMEngine
 from common.engine_config import EngineConfig
 from common.llm import LLM as FrontEnd
 from common.runner import ModelRunner
-from stages.paged_kv import Scheduler, kv_blocks  # stage 03: scheduler.py, engine.py
+from stages.paged_kv import Scheduler, kv_blocks  # stage 03: scheduler.py, kv_budget.py
 
 from .kernel_cache import KernelPagedCache
 from .model import KernelLlama

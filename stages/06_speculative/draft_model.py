@@ -21,7 +21,7 @@ from common.model import Llama
 from common.sequence import Sequence
 from stages.paged_kv import BlockManager, PagedKVCache  # stage 03: block_manager.py, paged_cache.py
 
-from .proposers import Proposer
+from .proposer import Proposer
 
 
 class DraftState:

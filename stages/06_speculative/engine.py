@@ -20,14 +20,15 @@ from common.prepare import resolve_model
 from common.runner import ModelRunner
 from common.tokenizer import Tokenizer
 from stages.kernels import KernelLlama, KernelPagedCache  # stage 04: model.py, kernel_cache.py
-from stages.paged_kv import BlockManager, kv_blocks  # stage 03: block_manager.py, engine.py
+from stages.paged_kv import BlockManager, kv_blocks  # stage 03: block_manager.py, kv_budget.py
 from stages.streaming import LLM as StreamingLLM, HeldFrontEnd  # stage 05: engine.py, front.py
 
 from .calibration import calibrate
 from .cost_model import AdaptiveDrafts
 from .defaults import STAGE_DEFAULT
 from .draft_model import DraftModelProposer
-from .proposers import NgramProposer, PredictionProposer, Proposer
+from .proposer import Proposer
+from .proposers import NgramProposer, PredictionProposer
 from .scheduler import SpeculativeScheduler
 from .spec_stats import SpecStats
 from .suffix import SuffixProposer

@@ -1,9 +1,4 @@
-"""Proposers: where draft tokens come from when they cost (almost) nothing to make.
-
-A proposer is a `Proposer`: ``limit(seq, num_running)`` says whether a request is its to draft for (None: not its)
-and how many drafts it may give this step; ``propose(seqs, ks)`` guesses, one batched call a step;
-``release()`` drops what it keeps per request. A new way to draft (a suffix tree, an early-exit layer, a k that
-follows the acceptance rate) is one more proposer, handed to the scheduler in ``build``.
+"""Proposers: where draft tokens come from when they cost (almost) nothing to make (each a `Proposer`, proposer.py).
 
 * `NgramProposer`, vLLM's ``ngram`` method (prompt lookup decoding, Saxena 2023): the text so far often repeats
   itself (a summary quotes its source, an answer reuses the question's names, code repeats identifiers), so find
@@ -21,6 +16,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from common.sequence import Sequence
 
+from .proposer import Proposer
+
 
 def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """vLLM's rule: the longest suffix of ``tokens`` of ``min_n`` to ``max_n`` tokens that occurs earlier in
@@ -36,30 +33,6 @@ def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]
             return tokens[start:start + k]
     return []
     # lab 06.1 end
-
-
-class Proposer:
-    """Drafts up to ``k`` tokens for the requests it ``claims``, none while more than ``disable_by_batch_size``
-    requests run (vLLM's key: batching fills the step, and speculation stops paying)."""
-    cheap = True  # guessing costs next to nothing (a lookup): the policy may ask for every guess and feed a part
-
-    def __init__(self, k: int, disable_by_batch_size: int | None = None):
-        self.k, self.disable_by_batch_size = k, disable_by_batch_size
-
-    def claims(self, seq: Sequence) -> bool:
-        return True
-
-    def limit(self, seq: Sequence, num_running: int) -> int | None:
-        """None when ``seq`` is not this proposer's to draft for; else the most drafts it gives it this step."""
-        if not self.claims(seq):
-            return None
-        return 0 if num_running > (self.disable_by_batch_size or num_running) else self.k
-
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
-        raise NotImplementedError
-
-    def release(self) -> None:
-        pass  # nothing kept between steps
 
 
 class NgramProposer(Proposer):

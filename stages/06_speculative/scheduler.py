@@ -8,7 +8,7 @@ what its proposer may give (`draft_limit`), by what the request can still produc
 requests go oldest first, as stage 03 schedules them), and by the KV blocks free without preempting anyone: a guess
 is never worth evicting another request. Then the proposers guess, and stage 03's plan runs unchanged.
 
-The proposers come in priority order, each a `Proposer` (proposers.py): the first whose ``limit`` is not None
+The proposers come in priority order, each a `Proposer` (proposer.py): the first whose ``limit`` is not None
 for a request is the one that drafts for it. Stage 07 adds one at the front: the tokens a grammar forces.
 
 With a policy (cost_model.py's `AdaptiveDrafts`, the default), what is proposed is not all fed: the policy keeps,
@@ -25,7 +25,7 @@ from common.sequence import Sequence
 from stages.paged_kv import BlockManager, Scheduler  # stage 03: block_manager.py, scheduler.py
 
 from .cost_model import AdaptiveDrafts
-from .proposers import Proposer
+from .proposer import Proposer
 
 
 class SpeculativeScheduler(Scheduler):

@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 from common.sequence import Sequence
 
-from .proposers import Proposer
+from .proposer import Proposer
 
 
 class Node:

@@ -22,7 +22,7 @@ from common.sampling import SamplingParams
 from common.tokenizer import Tokenizer
 from common.validate import InvalidParam
 from stages.kernels import KernelLlama  # stage 04: model.py
-from stages.paged_kv import kv_blocks  # stage 03: engine.py
+from stages.paged_kv import kv_blocks  # stage 03: kv_budget.py
 from stages.speculative import (STAGE_DEFAULT, SpeculativeScheduler, paged_cache, speculative_policy,  # stage 06
                                 speculative_proposers)
 from stages.streaming import LLM as StreamingLLM, HeldFrontEnd  # stage 05: engine.py, front.py

@@ -1,7 +1,7 @@
 """Forced tokens for free: where the grammar allows exactly one next token, the engine knows it without sampling.
 
 After ``{"name": "Ada"`` a schema whose next key is ``age`` forces the text ``, "age": ``, and after the last value
-it forces ``}`` and then EOS. `ForcedTokens` is one more of stage 06's proposers (stages/06_speculative/proposers.py):
+it forces ``}`` and then EOS. `ForcedTokens` is one more of stage 06's proposers (stages/06_speculative/proposer.py):
 it asks each constrained request's `GrammarConstraint` for the run its grammar forces (``forced_tokens``), and stage
 06's scheduler feeds that run as draft tokens (``Sequence.spec_token_ids``). The runner verifies drafts by exact
 match, so the tokens are exactly those of plain masked decoding, in fewer steps: a token whose mask allows nothing
@@ -14,7 +14,7 @@ instead (this proposer comes first and claims it), since a guess the grammar for
 from __future__ import annotations
 
 from common.sequence import Sequence
-from stages.speculative import Proposer  # stage 06: proposers.py
+from stages.speculative import Proposer  # stage 06: proposer.py
 
 from .constraint import GrammarConstraint
 

@@ -53,7 +53,7 @@ def machine_name() -> str:
 
 
 def available_bytes() -> int:
-    from stages.paged_kv.engine import available_memory
+    from stages.paged_kv.kv_budget import available_memory
     return available_memory("cpu") or 0
 
 
