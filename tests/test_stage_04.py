@@ -1,5 +1,6 @@
 """Stage 04: the reference's tokens on CPU (torch path), and the kernel path itself, interpreted."""
 import dataclasses
+import functools
 import importlib
 import os
 import subprocess
@@ -20,6 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def reference():
     return ReferenceLLM("tiny", dtype="bfloat16")
+
+
+@functools.cache
+def tiny_config():
+    """The tiny model's config, read once: the kernel tests below need its shapes, not a model loaded per example."""
+    return ReferenceLLM("tiny").config
 
 
 @settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -116,7 +123,7 @@ def test_a_decode_step_runs_the_same_tensor_operations_at_any_context_length(nat
     short, long = (report.decode_step_counts("stages.03_paged_kv", 4, context, model="tiny") for context in (20, 90))
     assert short["ops"] == long["ops"] > 0 and short["by_op"] == long["by_op"]
     assert long["bytes"] > short["bytes"]  # more keys are read, by the same operations
-    layers = ReferenceLLM("tiny").config.num_hidden_layers
+    layers = tiny_config().num_hidden_layers
     if native:  # per layer: one kernel call
         assert short["by_op"]["attention"] == layers and "bmm" not in short["by_op"]
     else:  # per layer: one bmm for all scores, one for all P·V
@@ -133,7 +140,7 @@ def test_the_fusion_count_sees_each_compiled_kernel_call_once():
         pytest.skip(f"the fused CPU kernels {native.build_note(fused_source)}")
     report = importlib.import_module("stages.bench.fusion_report")
     counts = report.decode_step_counts("stages.04_kernels", 4, 20, model="tiny")
-    by_op, layers = counts["by_op"], ReferenceLLM("tiny").config.num_hidden_layers
+    by_op, layers = counts["by_op"], tiny_config().num_hidden_layers
     assert not {"empty", "empty_like", "empty_strided", "zeros"} & set(by_op), by_op
     assert by_op["fused rope_qk_store"] == by_op["fused swiglu"] == layers
     if native.load():
@@ -151,7 +158,7 @@ def test_fused_cpu_kernels_match_common_ops_bit_for_bit(rows, hidden, dtype, sca
 
     from common.numerics import ops
     cpu_fusion = importlib.import_module("stages.kernels.cpu_fusion")
-    config = ReferenceLLM("tiny").config
+    config = tiny_config()
     fused = cpu_fusion.FusedCPU(config, getattr(torch, dtype))
     gen = torch.Generator().manual_seed(seed)
     dt = getattr(torch, dtype)
@@ -193,7 +200,7 @@ def test_fused_swiglu_gives_torchs_bits_for_every_gate_value(dtype):
     from common.numerics import ops
     cpu_fusion = importlib.import_module("stages.kernels.cpu_fusion")
     dt = getattr(torch, dtype)
-    fused = cpu_fusion.FusedCPU(ReferenceLLM("tiny").config, dt)
+    fused = cpu_fusion.FusedCPU(tiny_config(), dt)
     assert fused.silu_table is not None and "4 C++ kernels" in fused.note
     bits = torch.arange(1 << 16, dtype=torch.int32)
     gates = torch.where(bits >= 1 << 15, bits - (1 << 16), bits).to(torch.int16).view(dt).view(64, 1024)

