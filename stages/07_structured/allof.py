@@ -99,3 +99,22 @@ def types(a, b):
     if not common:
         raise CannotMerge
     return sorted(common) if len(common) > 1 else next(iter(common))
+
+
+def pattern_overlap(node: dict) -> dict:
+    """A property whose name a ``patternProperties`` pattern also matches must meet both schemas; where every such
+    pattern's schema is the property's own, meeting it once is the same (A and A is A): the property's schema
+    becomes ``true`` and the pattern's applies. llguidance would otherwise intersect the two, and refuses to when
+    they reach a recursive definition (WashingtonPost's ``promo_items``)."""
+    import re
+    props, patterns = node.get("properties"), node.get("patternProperties")
+    if not (isinstance(props, dict) and isinstance(patterns, dict)):
+        return node
+    same = {}
+    for name, sub in props.items():
+        try:
+            matching = [s for p, s in patterns.items() if re.search(p, name)]
+        except (re.error, TypeError):
+            return node
+        same[name] = True if matching and all(s == sub for s in matching) else sub
+    return {**node, "properties": same}

@@ -7,7 +7,8 @@ properties, but most uses in JSONSchemaBench have an exact positive form:
 - ``not: {"required": ["x"]}``, ``not: {"anyOf": [{"required": ["x"]}, ...]}``: an object without x, which is
   ``type: object, properties: {"x": false}`` (a non-object meets ``required`` vacuously, so the ``not`` refuses it);
 - ``not: {"type": [...]}``: the other types;
-- ``dependentRequired: {"a": ["b"]}`` (draft-07's ``dependencies`` with a list): a absent, or a and b both present.
+- ``dependentRequired: {"a": ["b"]}`` (draft-07's ``dependencies`` with a list): a absent, or a and b both present;
+  ``dependentSchemas: {"a": S}`` (``dependencies`` with a schema): a absent, or a present and S met.
 The positive form joins the node through ``allOf`` and is merged like any other (allof.py).
 """
 from __future__ import annotations
@@ -53,14 +54,26 @@ def without_not(node: dict) -> dict | bool:
     return {**rest, "allOf": [*rest.get("allOf", []), positive]}
 
 
-def without_dependency(node: dict) -> dict:
-    """One ``dependentRequired`` entry as ``anyOf`` (a absent, or a and what it needs present), beside no other
-    ``anyOf``; more entries are left as they are (their ``anyOf``s would not merge)."""
-    deps = node.get("dependentRequired")
-    if not isinstance(deps, dict) or len(deps) != 1 or "anyOf" in node:
-        return node
-    (name, needed), = deps.items()
-    rest = {k: v for k, v in node.items() if k != "dependentRequired"}
-    if not isinstance(needed, list):
-        return node
-    return {**rest, "anyOf": [absent([name]), {"required": [name, *needed]}]}
+def without_dependencies(node: dict) -> dict:
+    """``dependentRequired``/``dependentSchemas`` as ``anyOf``: for each entry, its property absent, or present with
+    what it needs (the properties it requires, the schema it brings). One entry beside no ``anyOf`` becomes the
+    node's ``anyOf``; several become ``allOf`` branches, merged where they can be (allof.py), else left to
+    llguidance, which enforces ``allOf``."""
+    choices: list = []
+    for name, needed in (node.get("dependentRequired") or {}).items():
+        if not isinstance(needed, list):
+            return node
+        if needed:
+            choices.append([absent([name]), {"required": [name, *needed]}])
+    for name, sub in (node.get("dependentSchemas") or {}).items():
+        if sub is False:
+            choices.append([absent([name])])
+        elif isinstance(sub, dict) and sub:
+            present = {"required": [name], "allOf": [sub]} if "$ref" in sub or "required" in sub else \
+                {**sub, "required": [name]}
+            choices.append([absent([name]), present])
+    rest = {k: v for k, v in node.items() if k not in ("dependentRequired", "dependentSchemas")}
+    if len(choices) == 1 and "anyOf" not in rest:
+        return {**rest, "anyOf": choices[0]}
+    branches = [c[0] if len(c) == 1 else {"anyOf": c} for c in choices]
+    return {**rest, "allOf": [*rest.get("allOf", []), *branches]} if branches else rest

@@ -93,3 +93,17 @@ def one_of_as_any_of(node: dict, resolve) -> dict | None:
                 return None
     rest = {k: v for k, v in node.items() if k != "oneOf"}
     return {**rest, "anyOf": node["oneOf"]}
+
+
+def implied_type(node: dict, resolve) -> dict:
+    """``type`` beside ``anyOf`` dropped where every branch already allows only those types (the ``type`` then
+    removes nothing). llguidance would intersect it with each branch, and refuses to when a branch is a reference
+    to a recursive definition (WashingtonPost's credits: ``items: {"type": "object", "anyOf": [{"$ref": ...}]}``)."""
+    outer = types_of({"type": node["type"]})
+    if outer is None or not isinstance(node.get("anyOf"), list):
+        return node
+    for branch in node["anyOf"]:
+        inner = types_of(follow(branch, resolve)) if isinstance(follow(branch, resolve), dict) else None
+        if inner is None or not inner <= outer:
+            return node
+    return {k: v for k, v in node.items() if k != "type"}

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from . import formats
-from .allof import merge_all_of
+from .allof import merge_all_of, pattern_overlap
 from .drafts import draft_of, to_2020
 from .keywords import REFUSED, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, is_annotation
-from .negation import without_dependency, without_not
-from .oneof import one_of_as_any_of
+from .negation import without_dependencies, without_not
+from .oneof import implied_type, one_of_as_any_of
 
 MAX_DEPTH = 64  # subschemas inside subschemas; JSONSchemaBench's deepest needs 30-some
 
@@ -114,8 +114,11 @@ class Walk:
             if out is False:
                 self.out.rewritten["not as false"] += 1
                 return False
-        if "dependentRequired" in out:
-            out = without_dependency(out)
+        if "dependentRequired" in out or "dependentSchemas" in out:
+            out = without_dependencies(out)
+            self.out.rewritten["dependencies as anyOf"] += 1
+        if "patternProperties" in out and "properties" in out:
+            out = pattern_overlap(out)
         if "allOf" in out:
             merged = merge_all_of(out, lambda ref: self.target(ref, depth))
             if merged is not None:
@@ -126,6 +129,8 @@ class Walk:
             if rewritten is not None:
                 self.out.rewritten["oneOf as anyOf"] += 1
                 out = rewritten
+        if "anyOf" in out and "type" in out:
+            out = implied_type(out, lambda ref: resolve(self.root, ref))
         return out
 
     def target(self, ref: str, depth: int):
