@@ -44,3 +44,71 @@ def test_a_rewritten_schema_accepts_exactly_what_the_original_does(schema, value
     cleaned = rewrites.clean(schema, "guidance").schema
     assert "dependentRequired" not in json.dumps(cleaned) and "dependentSchemas" not in json.dumps(cleaned)
     assert valid(schema, value) == valid(cleaned, value), (schema, cleaned, value)
+
+
+CHECKED = [  # (schema, the keyword checked at the end)
+    ({"type": "array", "items": {"enum": ["a", "b", 1]}, "uniqueItems": True, "maxItems": 4}, "uniqueItems"),
+    ({"oneOf": [{"type": "integer", "maximum": 20}, {"type": "integer", "minimum": 5, "maximum": 40}]}, "oneOf"),
+    ({"oneOf": [{"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]},
+                {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}],
+      "maxProperties": 3}, "oneOf"),
+]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return importlib.import_module("stages.07_structured").LLM("tiny", dtype="bfloat16", max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def grammars(llm):
+    return importlib.import_module("stages.structured.backends").grammars_for(str(llm.folder),
+                                                                               llm.config.vocab_size, (2,))
+
+
+@pytest.mark.parametrize("schema, keyword", CHECKED)
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), compact=st.booleans())
+def test_a_checked_keyword_ends_only_an_output_that_validates(grammars, schema, keyword, seed, compact):
+    """Random walks of allowed tokens, through each backend, asking for EOS as soon as it is allowed: the matcher
+    ends only on a valid output; where it refuses EOS, the output is invalid and the reason names the keyword."""
+    import random
+
+    import numpy as np
+    from common.sampling import StructuredOutputsParams
+    for backend in ("guidance", "xgrammar"):
+        grammar = grammars.build(StructuredOutputsParams(json=schema, disable_any_whitespace=compact), backend)
+        assert any(keyword in c for c in grammar.checked), grammar.checked
+        matcher, rng, out = grammar.matcher(), random.Random(seed), b""
+        for _ in range(60):
+            words = matcher.fill()
+            allowed = [int(t) for t in np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+                       if t < grammars.vocab_size]
+            if 2 in allowed and not matcher.accept(2):  # EOS refused by the check
+                assert not valid(schema, json.loads(out)), (backend, out)
+                assert f"'{keyword}' at #" in matcher.why and "checked when the output ends" in matcher.why
+                break
+            if matcher.is_terminated():
+                assert valid(schema, json.loads(out)), (backend, out)
+                break
+            token = rng.choice([t for t in allowed if t != 2])
+            assert matcher.accept(token)
+            out += grammars.vocab[token] or b""
+
+
+def test_a_checked_schema_generates_and_no_output_that_breaks_it_ends_as_a_success(llm):
+    """The tiny model, sampled: every output that stops validates; one that broke the checked keyword fails alone
+    with the reason (finish_reason "error"), and the other requests of the batch are unaffected."""
+    from common import SamplingParams
+    schema = CHECKED[0][0]
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, structured_outputs={
+        "json": schema, "disable_any_whitespace": True}) for s in range(24)]
+    outs = llm.generate([[5, 6, 7]] * len(params), params)
+    for out in outs:
+        assert out.finish_reason in ("stop", "length", "error"), out.finish_reason
+        if out.finish_reason == "stop":
+            assert valid(schema, json.loads(out.text)), out.text
+        if out.finish_reason == "error":
+            assert "'uniqueItems' at #" in out.error, out.error
+            assert not valid(schema, json.loads(out.text)), out.text
+    assert any(o.finish_reason == "stop" for o in outs), [o.finish_reason for o in outs]

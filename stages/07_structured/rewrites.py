@@ -42,6 +42,7 @@ class Cleaned:
     schema: dict
     ignored: Counter = field(default_factory=Counter)  # keyword -> times dropped as an annotation
     rewritten: Counter = field(default_factory=Counter)  # rewrite -> times done (enum filtered, oneOf, allOf)
+    checked: list[str] = field(default_factory=list)  # keywords left to the check of the finished output (checked.py)
 
 
 def resolve(root, ref: str):
@@ -129,9 +130,29 @@ class Walk:
             if rewritten is not None:
                 self.out.rewritten["oneOf as anyOf"] += 1
                 out = rewritten
+            elif "anyOf" not in out:  # branches that may overlap: "at least one" enforced, "not two" checked
+                self.out.checked.append(f"'oneOf' at #{ptr}")
+                out = {**{k: v for k, v in out.items() if k != "oneOf"}, "anyOf": out["oneOf"]}
+        if "uniqueItems" in out:
+            out = self.unique_items(out, ptr)
         if "anyOf" in out and "type" in out:
             out = implied_type(out, lambda ref: resolve(self.root, ref))
         return out
+
+    def unique_items(self, out: dict, ptr: str) -> dict:
+        """``uniqueItems`` dropped: exactly where it says nothing (false, at most one item), as ``maxItems: 1``
+        where every item is the one listed value, and else left to the check of the finished output."""
+        rest = {k: v for k, v in out.items() if k != "uniqueItems"}
+        items = rest.get("items")
+        one_value = isinstance(items, dict) and ("const" in items or isinstance(items.get("enum"), list)
+                                                 and len(items["enum"]) <= 1)
+        if out["uniqueItems"] is not True or rest.get("maxItems", 2) <= 1:
+            return rest
+        if one_value:
+            self.out.rewritten["uniqueItems of one value"] += 1
+            return {**rest, "maxItems": 1}
+        self.out.checked.append(f"'uniqueItems' at #{ptr}")
+        return rest
 
     def target(self, ref: str, depth: int):
         """What a ``$ref`` points to, cleaned (an ``allOf`` branch inlined is given to the backend as it is)."""
