@@ -27,6 +27,10 @@ REWRITTEN = [
     {"type": "array", "items": {"type": "object", "anyOf": [{"$ref": "#/$defs/o"}, {"$ref": "#/$defs/p"}]},
      "$defs": {"o": {"type": "object", "required": ["a"]}, "p": {"type": "object", "properties": {"b": {}}}}},
     {"type": ["object", "string"], "anyOf": [{"type": "object", "required": ["a"]}, {"type": "integer"}]},
+    {"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}, {"required": ["c"]}]},
+    {"anyOf": [{"not": {"properties": {"a": {}}, "required": ["a"]}}, {"not": {"required": ["b"]}}]},
+    {"$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}, "a": {"type": "integer"}}}},
+     "allOf": [{"$ref": "#/$defs/t"}, {"properties": {"a": {"maximum": 3}, "k": {"required": ["b"]}}}]},
 ]
 VALUES = st.recursive(st.none() | st.booleans() | st.integers(-3, 40) | st.sampled_from(["", "x", "yy", "zzz"]),
                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abck"), inner,
@@ -52,6 +56,10 @@ CHECKED = [  # (schema, the keyword checked at the end)
     ({"oneOf": [{"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]},
                 {"type": "object", "properties": {"b": {"type": "boolean"}}, "required": ["b"]}],
       "maxProperties": 3}, "oneOf"),
+    ({"type": "object", "properties": {"k": {"enum": [1, 2]}, "a": {"type": "boolean"}}, "required": ["k"],
+      "if": {"properties": {"k": {"const": 1}}}, "then": {"required": ["a"]},
+      "else": {"properties": {"a": {"const": False}}}, "additionalProperties": False}, "if"),
+    ({"type": "integer", "minimum": 0, "maximum": 30, "not": {"multipleOf": 3}}, "not"),
 ]
 
 

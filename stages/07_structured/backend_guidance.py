@@ -89,6 +89,14 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
     else:
         raise ValueError("llguidance reads Lark grammars; structured_outputs.grammar is xgrammar's EBNF")
     error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
+    if error and cleaned is not None and ("circular references with sibling keys" in error or
+                                          "min/maxProperties only supported" in error):
+        # a property and a pattern it matches, intersected through a recursive definition; a count of properties
+        # beside optional ones: the loose cleaning leaves these to the check of the finished output
+        cleaned = clean(so.schema, "guidance", loose=True)
+        schema = cleaned.schema
+        grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+        error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
     if error:
         raise refusal(error, schema)
     matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)

@@ -24,6 +24,9 @@ def negation(schema) -> dict | bool | None:
     """A schema matching exactly what ``schema`` does not, or None where no such form is known here."""
     if schema is True or schema == {}:
         return False
+    if isinstance(schema, dict) and isinstance(schema.get("properties"), dict) and \
+            all(v is True or v == {} for v in schema["properties"].values()):
+        schema = {k: v for k, v in schema.items() if k != "properties"}  # properties that constrain nothing
     if not isinstance(schema, dict) or len(schema) != 1:
         return None
     (key, value), = schema.items()
@@ -77,3 +80,17 @@ def without_dependencies(node: dict) -> dict:
         return {**rest, "anyOf": choices[0]}
     branches = [c[0] if len(c) == 1 else {"anyOf": c} for c in choices]
     return {**rest, "allOf": [*rest.get("allOf", []), *branches]} if branches else rest
+
+
+def without_if(node: dict) -> tuple[dict, bool]:
+    """``if``/``then``/``else`` as ``anyOf: [then, else]`` (a missing one is ``{}``), and True where that is wider
+    than the schema (a value meeting ``else`` where ``if`` holds), so the finished output is checked (checked.py).
+    Exact, and False, where there is no ``if`` (``then``/``else`` alone say nothing) or neither branch."""
+    rest = {k: v for k, v in node.items() if k not in ("if", "then", "else")}
+    then, other = node.get("then", True), node.get("else", True)
+    if "if" not in node or (then in (True, {}) and other in (True, {})):
+        return rest, False
+    if then in (True, {}) or other in (True, {}):
+        return rest, True  # one side allows everything: nothing is left to enforce
+    either = {"anyOf": [then, other]}
+    return ({**rest, **either} if "anyOf" not in rest else {**rest, "allOf": [*rest.get("allOf", []), either]}), True

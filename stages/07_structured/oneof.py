@@ -107,3 +107,21 @@ def implied_type(node: dict, resolve) -> dict:
         if inner is None or not inner <= outer:
             return node
     return {k: v for k, v in node.items() if k != "type"}
+
+
+def exclusive_required(node: dict) -> dict | None:
+    """``oneOf`` of bare ``required`` lists on an object ("exactly one of streams, source_url"): each branch's
+    names present and, of every other branch, its one name absent. Exact where the node is typed ``object`` (a
+    non-object meets every ``required``, so it matches them all, and ``oneOf`` refuses it) and every branch requires
+    one name; None otherwise."""
+    branches = node["oneOf"]
+    if node.get("type") != "object" or "anyOf" in node or not all(
+            isinstance(b, dict) and set(b) == {"required"} and isinstance(b["required"], list) for b in branches):
+        return None
+    if any(len(b["required"]) != 1 for b in branches):
+        return None
+    names = [b["required"][0] for b in branches]
+    if len(set(names)) != len(names):
+        return None  # two branches alike: no value matches exactly one of them; left to the check
+    rest = {k: v for k, v in node.items() if k != "oneOf"}
+    return {**rest, "anyOf": [{"required": [n], "properties": {m: False for m in names if m != n}} for n in names]}

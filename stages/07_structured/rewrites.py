@@ -22,8 +22,8 @@ from . import formats
 from .allof import merge_all_of, pattern_overlap
 from .drafts import draft_of, to_2020
 from .keywords import REFUSED, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, is_annotation
-from .negation import without_dependencies, without_not
-from .oneof import implied_type, one_of_as_any_of
+from .negation import without_dependencies, without_if, without_not
+from .oneof import exclusive_required, implied_type, one_of_as_any_of
 
 MAX_DEPTH = 64  # subschemas inside subschemas; JSONSchemaBench's deepest needs 30-some
 
@@ -60,8 +60,8 @@ def resolve(root, ref: str):
 
 
 class Walk:
-    def __init__(self, root, backend: str):
-        self.root, self.backend, self.draft = root, backend, draft_of(root)
+    def __init__(self, root, backend: str, loose: bool = False):
+        self.root, self.backend, self.draft, self.loose = root, backend, draft_of(root), loose
         self.out = Cleaned({})
         self.refs: set[str] = set()
 
@@ -115,18 +115,24 @@ class Walk:
             if out is False:
                 self.out.rewritten["not as false"] += 1
                 return False
+            out = self.checked(out, ("not",), ptr)
+        if {"if", "then", "else"} & out.keys():
+            out, wider = without_if(out)
+            self.out.checked += [f"'if' at #{ptr}"] if wider else []
+        if self.loose and ({"minProperties", "maxProperties"} & out.keys()):  # llguidance: only all required
+            out = self.checked(out, ("minProperties", "maxProperties"), ptr)
         if "dependentRequired" in out or "dependentSchemas" in out:
             out = without_dependencies(out)
             self.out.rewritten["dependencies as anyOf"] += 1
         if "patternProperties" in out and "properties" in out:
-            out = pattern_overlap(out)
+            out = pattern_overlap(out, self.out.checked if self.loose else None, ptr)
         if "allOf" in out:
             merged = merge_all_of(out, lambda ref: self.target(ref, depth))
             if merged is not None:
                 self.out.rewritten["allOf merged"] += 1
                 out = merged
         if "oneOf" in out:
-            rewritten = one_of_as_any_of(out, lambda ref: resolve(self.root, ref))
+            rewritten = one_of_as_any_of(out, lambda ref: resolve(self.root, ref)) or exclusive_required(out)
             if rewritten is not None:
                 self.out.rewritten["oneOf as anyOf"] += 1
                 out = rewritten
@@ -138,6 +144,11 @@ class Walk:
         if "anyOf" in out and "type" in out:
             out = implied_type(out, lambda ref: resolve(self.root, ref))
         return out
+
+    def checked(self, out: dict, keys: tuple, ptr: str) -> dict:
+        """``out`` without ``keys``, each listed for the check of the finished output (checked.py)."""
+        self.out.checked += [f"'{k}' at #{ptr}" for k in keys if k in out]
+        return {k: v for k, v in out.items() if k not in keys}
 
     def unique_items(self, out: dict, ptr: str) -> dict:
         """``uniqueItems`` dropped: exactly where it says nothing (false, at most one item), as ``maxItems: 1``
@@ -198,9 +209,10 @@ class Walk:
                 place[parts[-1]] = cleaned
 
 
-def clean(schema, backend: str) -> Cleaned:
-    """``schema`` as ``backend`` ("xgrammar" or "guidance") is given it, with what was dropped and rewritten."""
-    walk = Walk(schema, backend)
+def clean(schema, backend: str, loose: bool = False) -> Cleaned:
+    """``schema`` as ``backend`` ("xgrammar" or "guidance") is given it, with what was dropped and rewritten;
+    ``loose``: a property a pattern also matches is given the pattern's schema alone, its own checked at the end."""
+    walk = Walk(schema, backend, loose)
     walk.out.schema = walk.node(schema, "", 1)
     walk.keep_referenced()
     return walk.out
