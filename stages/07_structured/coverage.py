@@ -142,6 +142,9 @@ def generate(llm, splits: dict, report: dict, n: int, max_tokens: int, console: 
                   for s, name in batch]
         for (s, name), out in zip(batch, llm.generate(prompts, params)):
             counts[out.finish_reason] += 1
+            if out.finish_reason == "error":  # the check of the finished output refused it (checked.py), or not
+                counts["error: refused by the check" if "checked when the output ends" in (out.error or "")
+                       else "error: other"] += 1
             if out.finish_reason != "stop":
                 continue
             schema = splits[s][name]

@@ -1,4 +1,5 @@
-"""``not`` and ``dependentRequired`` in the forms real schemas use them, written as keywords the backends enforce.
+"""``not``, dependencies, ``if`` and ``uniqueItems`` written as keywords the backends enforce: exactly where a form
+is known, else wider, with the finished output checked (checked.py).
 
 Neither backend enforces ``not`` (the complement of a context-free language is not one) nor a dependency between
 properties, but most uses in JSONSchemaBench have an exact positive form:
@@ -9,7 +10,9 @@ properties, but most uses in JSONSchemaBench have an exact positive form:
 - ``not: {"type": [...]}``: the other types;
 - ``dependentRequired: {"a": ["b"]}`` (draft-07's ``dependencies`` with a list): a absent, or a and b both present;
   ``dependentSchemas: {"a": S}`` (``dependencies`` with a schema): a absent, or a present and S met.
-The positive form joins the node through ``allOf`` and is merged like any other (allof.py).
+The positive form joins the node through ``allOf`` and is merged like any other (allof.py). Any other ``not`` is
+dropped, ``if``/``then``/``else`` becomes ``anyOf: [then, else]`` and ``uniqueItems`` of free items is dropped: wider
+schemas, so rewrites.py lists each for the check of the finished output.
 """
 from __future__ import annotations
 
@@ -94,3 +97,17 @@ def without_if(node: dict) -> tuple[dict, bool]:
         return rest, True  # one side allows everything: nothing is left to enforce
     either = {"anyOf": [then, other]}
     return ({**rest, **either} if "anyOf" not in rest else {**rest, "allOf": [*rest.get("allOf", []), either]}), True
+
+
+def without_unique_items(node: dict) -> tuple[dict, bool]:
+    """``uniqueItems`` dropped, and True where that is wider than the schema (then the finished output is checked,
+    checked.py). Exact where it says nothing (false, at most one item) and, as ``maxItems: 1``, where every item
+    must be the one listed value."""
+    rest = {k: v for k, v in node.items() if k != "uniqueItems"}
+    items = rest.get("items")
+    if node["uniqueItems"] is not True or rest.get("maxItems", 2) <= 1:
+        return rest, False
+    if "prefixItems" not in rest and isinstance(items, dict) and (
+            "const" in items or isinstance(items.get("enum"), list) and len(items["enum"]) <= 1):
+        return {**rest, "maxItems": 1}, False
+    return rest, True

@@ -7,7 +7,9 @@ rewritten into ones the backends enforce exactly, or a `Refused` that names the 
 - ``enum``/``const`` beside other keywords become the listed values that meet them (checked with ``jsonschema``, so
   the backend's "exactly these values" is the schema's meaning);
 - ``allOf`` is merged into its parent where the merge is exact (allof.py), ``oneOf`` becomes ``anyOf`` where no
-  value can match two branches (oneof.py);
+  value can match two branches (oneof.py); dependencies, ``not``, ``if`` and ``uniqueItems`` (negation.py);
+- what a grammar cannot say (``oneOf`` whose branches may overlap, ``uniqueItems``, ``not``, ``if``) is given to
+  the backend wider and listed in ``Cleaned.checked``: the finished output is validated (checked.py);
 - a ``$ref`` into a place the walk dropped (``#/components/...`` under an unknown keyword) is kept there, cleaned.
 A schema nested deeper than ``MAX_DEPTH`` subschemas is refused by its own depth (the server's body guard is wider).
 """
@@ -22,7 +24,7 @@ from . import formats
 from .allof import merge_all_of, pattern_overlap
 from .drafts import draft_of, to_2020
 from .keywords import REFUSED, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, is_annotation
-from .negation import without_dependencies, without_if, without_not
+from .negation import without_dependencies, without_if, without_not, without_unique_items
 from .oneof import exclusive_required, implied_type, one_of_as_any_of
 
 MAX_DEPTH = 64  # subschemas inside subschemas; JSONSchemaBench's deepest needs 30-some
@@ -140,7 +142,8 @@ class Walk:
                 self.out.checked.append(f"'oneOf' at #{ptr}")
                 out = {**{k: v for k, v in out.items() if k != "oneOf"}, "anyOf": out["oneOf"]}
         if "uniqueItems" in out:
-            out = self.unique_items(out, ptr)
+            out, wider = without_unique_items(out)
+            self.out.checked += [f"'uniqueItems' at #{ptr}"] if wider else []
         if "anyOf" in out and "type" in out:
             out = implied_type(out, lambda ref: resolve(self.root, ref))
         return out
@@ -149,21 +152,6 @@ class Walk:
         """``out`` without ``keys``, each listed for the check of the finished output (checked.py)."""
         self.out.checked += [f"'{k}' at #{ptr}" for k in keys if k in out]
         return {k: v for k, v in out.items() if k not in keys}
-
-    def unique_items(self, out: dict, ptr: str) -> dict:
-        """``uniqueItems`` dropped: exactly where it says nothing (false, at most one item), as ``maxItems: 1``
-        where every item is the one listed value, and else left to the check of the finished output."""
-        rest = {k: v for k, v in out.items() if k != "uniqueItems"}
-        items = rest.get("items")
-        one_value = isinstance(items, dict) and ("const" in items or isinstance(items.get("enum"), list)
-                                                 and len(items["enum"]) <= 1)
-        if out["uniqueItems"] is not True or rest.get("maxItems", 2) <= 1:
-            return rest
-        if one_value:
-            self.out.rewritten["uniqueItems of one value"] += 1
-            return {**rest, "maxItems": 1}
-        self.out.checked.append(f"'uniqueItems' at #{ptr}")
-        return rest
 
     def target(self, ref: str, depth: int):
         """What a ``$ref`` points to, cleaned (an ``allOf`` branch inlined is given to the backend as it is)."""
