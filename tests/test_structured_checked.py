@@ -120,3 +120,10 @@ def test_a_checked_schema_generates_and_no_output_that_breaks_it_ends_as_a_succe
             assert "'uniqueItems' at #" in out.error, out.error
             assert not valid(schema, json.loads(out.text)), out.text
     assert any(o.finish_reason == "stop" for o in outs), [o.finish_reason for o in outs]
+
+
+def test_an_eos_the_grammar_refuses_is_refused_by_the_grammar_not_the_check(grammars):
+    from common.sampling import StructuredOutputsParams
+    grammar = grammars.build(StructuredOutputsParams(json=CHECKED[0][0], disable_any_whitespace=True), "guidance")
+    matcher = grammar.matcher()
+    assert matcher.accept(grammars.vocab.index(b"[")) and not matcher.accept(2) and matcher.why is None

@@ -57,7 +57,7 @@ class CheckedMatcher:
 
     def accept(self, token: int) -> bool:
         g = self.grammar
-        if token in g.eos_ids and not self.m.is_terminated():
+        if token in g.eos_ids and not self.m.is_terminated() and self.allows(token):
             problem = g.problem(b"".join(self.pieces).decode("utf-8", errors="replace"))
             if problem is not None:
                 self.why = (f"the output breaks its schema {problem}; {', '.join(g.checked)} cannot be said by a "
@@ -68,6 +68,10 @@ class CheckedMatcher:
             return False
         self.pieces.append(b"" if token in g.eos_ids else g.vocab[token] or b"")
         return True
+
+    def allows(self, token: int) -> bool:
+        """The grammar may end here (an EOS elsewhere is the backend's to refuse, with its own reason)."""
+        return bool(int(self.m.fill()[token // 32]) >> (token % 32) & 1)
 
     def rollback(self, n: int) -> None:
         self.m.rollback(n)
