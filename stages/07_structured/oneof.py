@@ -5,11 +5,13 @@ branches' languages) but not "not two", so xgrammar reads ``oneOf`` as ``anyOf``
 refuses it. Where no value can match two branches at once, the two are the same language, and the rewrite is
 exact. Two branches are told apart (``apart``) when:
 - their types cannot overlap (``string`` and ``object``; ``integer`` lies inside ``number``);
-- their listed values (``enum``/``const``) share none;
+- their listed values (``enum``/``const``) share none, or one lists values none of which the other takes
+  (checked with ``jsonschema``);
 - both are objects (``type: object``: ``required`` says nothing of a string) requiring one property whose
   ``const``/``enum`` values differ (a discriminator: ``"kind": "circle"`` / ``"kind": "square"``, OpenAPI's);
 - both are objects, and one requires a property the other forbids (``additionalProperties: false`` without it).
-Anything else (two strings with overlapping patterns, say) is left as ``oneOf`` for the backend to refuse.
+A branch that gives no type is read with its node's (``{"type": "object", "oneOf": [...]}``). Anything else (two
+strings with overlapping patterns, say) stays ``oneOf``, checked on the finished output (checked.py).
 """
 from __future__ import annotations
 
@@ -53,6 +55,10 @@ def apart(a: dict, b: dict, resolve) -> bool:
     va, vb = values_of(a), values_of(b)
     if va is not None and vb is not None:
         return not {json.dumps(v, sort_keys=True) for v in va} & {json.dumps(v, sort_keys=True) for v in vb}
+    if (va is not None or vb is not None) and "$ref" not in json.dumps(b if va is not None else a):
+        from jsonschema import Draft202012Validator  # listed values, none of which the other branch takes
+        other = Draft202012Validator(b if va is not None else a)
+        return not any(other.is_valid(v) for v in (va if va is not None else vb))
     pa, pb = a.get("properties") or {}, b.get("properties") or {}
     if ta != {"object"} or tb != {"object"} or not (isinstance(pa, dict) and isinstance(pb, dict)):
         return False
@@ -87,6 +93,8 @@ def one_of_as_any_of(node: dict, resolve) -> dict | None:
     branches = [follow(b, resolve) for b in node["oneOf"]]
     if "anyOf" in node or any(not isinstance(b, dict) for b in branches):
         return None
+    if "type" in node:  # every value is of the node's type: a branch that does not say is read as of it
+        branches = [b if {"type", "const", "enum"} & b.keys() else {**b, "type": node["type"]} for b in branches]
     for i, a in enumerate(branches):
         for b in branches[i + 1:]:
             if not apart(a, b, resolve):
