@@ -130,3 +130,29 @@ def test_an_eos_the_grammar_refuses_is_refused_by_the_grammar_not_the_check(gram
     grammar = grammars.build(StructuredOutputsParams(json=CHECKED[0][0], disable_any_whitespace=True), "guidance")
     matcher = grammar.matcher()
     assert matcher.accept(grammars.vocab.index(b"[")) and not matcher.accept(2) and matcher.why is None
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_what_llguidance_refuses_is_asked_again_loosened_and_checked(grammars, seed):
+    """A look-around pattern (llguidance reads none; xgrammar refuses it in a schema): served by llguidance without
+    it, the pattern checked when the output ends."""
+    import random
+
+    import numpy as np
+    from common.sampling import StructuredOutputsParams
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(?!ab)[abc]{1,3}$"}},
+              "required": ["s"], "additionalProperties": False}
+    grammar = grammars.build(StructuredOutputsParams(json=schema, disable_any_whitespace=True), "auto")
+    assert grammar.backend == "guidance" and grammar.checked == ["'pattern' at #/properties/s"]
+    matcher, rng, out = grammar.matcher(), random.Random(seed), b""
+    for _ in range(40):
+        allowed = [int(t) for t in np.flatnonzero(np.unpackbits(matcher.fill().view(np.uint8), bitorder="little"))]
+        if 2 in allowed:
+            ended = matcher.accept(2)
+            assert ended == valid(schema, json.loads(out)), out
+            assert ended or "'pattern' at #/properties/s" in matcher.why
+            return
+        token = rng.choice(allowed)
+        assert matcher.accept(token)
+        out += grammars.vocab[token] or b""

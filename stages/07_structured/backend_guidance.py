@@ -89,8 +89,7 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
     else:
         raise ValueError("llguidance reads Lark grammars; structured_outputs.grammar is xgrammar's EBNF")
     error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
-    if error and cleaned is not None and ("circular references with sibling keys" in error or
-                                          "min/maxProperties only supported" in error):
+    if error and cleaned is not None and any(w in error for w in LOOSENED):
         # a property and a pattern it matches, intersected through a recursive definition; a count of properties
         # beside optional ones: the loose cleaning leaves these to the check of the finished output
         cleaned = clean(so.schema, "guidance", loose=True)
@@ -103,6 +102,11 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
     if matcher.is_error():
         raise ValueError(f"llguidance cannot enforce it: {matcher.get_error()}")
     return GuidanceGrammar(matcher, vocab_size, eos_ids, len(grammar), cleaned.checked if cleaned else ())
+
+
+# llguidance's refusals that the loose cleaning answers (rewrites.clean): the part it refuses is checked instead
+LOOSENED = ("circular references with sibling keys", "min/maxProperties only supported", "lookarounds not supported",
+            "regex parse error")
 
 
 def refusal(error: str, schema) -> Exception:

@@ -123,6 +123,8 @@ class Walk:
             self.out.checked += [f"'if' at #{ptr}"] if wider else []
         if self.loose and ({"minProperties", "maxProperties"} & out.keys()):  # llguidance: only all required
             out = self.checked(out, ("minProperties", "maxProperties"), ptr)
+        if self.loose and any(a in str(out.get("pattern")) for a in ("(?=", "(?!", "(?<=", "(?<!")):  # look-around
+            out = self.checked(out, ("pattern",), ptr)
         if "dependentRequired" in out or "dependentSchemas" in out:
             out = without_dependencies(out)
             self.out.rewritten["dependencies as anyOf"] += 1
