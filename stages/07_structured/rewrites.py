@@ -25,7 +25,8 @@ from .allof import merge_all_of, pattern_overlap
 from .drafts import draft_of, to_2020
 from .keywords import REFUSED, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, is_annotation
 from .negation import without_dependencies, without_if, without_not, without_unique_items
-from .oneof import exclusive_required, implied_type, one_of_as_any_of
+from .oneof import exclusive_required, follow, implied_type, one_of_as_any_of
+from .propnames import property_names
 
 MAX_DEPTH = 64  # subschemas inside subschemas; JSONSchemaBench's deepest needs 30-some
 
@@ -128,6 +129,8 @@ class Walk:
         if "dependentRequired" in out or "dependentSchemas" in out:
             out = without_dependencies(out)
             self.out.rewritten["dependencies as anyOf"] += 1
+        if "propertyNames" in out:
+            out = property_names(out, follow(out["propertyNames"], lambda ref: self.target(ref, depth)))
         if "patternProperties" in out and "properties" in out:
             out = pattern_overlap(out, self.out.checked if self.loose else None, ptr)
         if "allOf" in out:
