@@ -39,6 +39,7 @@ REWRITTEN = [
      "properties": {"a": {"minimum": 3}, "k": {}}},
     {"type": "object", "propertyNames": {"pattern": "^[ab]"}, "additionalProperties": {"type": "integer"},
      "properties": {"a": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"type": "array", "enum": ["x", 1]}, "b": {"type": "integer"}}},
     {"anyOf": [{"not": {"properties": {"a": {}}, "required": ["a"]}}, {"not": {"required": ["b"]}}]},
     {"$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}, "a": {"type": "integer"}}}},
      "allOf": [{"$ref": "#/$defs/t"}, {"properties": {"a": {"maximum": 3}, "k": {"required": ["b"]}}}]},

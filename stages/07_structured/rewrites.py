@@ -113,6 +113,8 @@ class Walk:
     def rewrite(self, out: dict, ptr: str, depth: int) -> dict | bool:
         if "enum" in out or "const" in out:
             out = self.values_only(out, ptr)
+            if out is False:
+                return False
         if "not" in out:
             out = without_not(out)
             if out is False:
@@ -163,8 +165,9 @@ class Walk:
         node = resolve(self.root, ref)
         return None if node is None else self.node(node, ref[1:], depth + 1)
 
-    def values_only(self, out: dict, ptr: str) -> dict:
-        """``enum``/``const`` with keywords beside them: the listed values that meet those keywords, alone."""
+    def values_only(self, out: dict, ptr: str) -> dict | bool:
+        """``enum``/``const`` with keywords beside them: the listed values that meet those keywords, alone; ``false``
+        below the root where none does (a property that can never be present), refused at the root."""
         values = out["enum"] if "enum" in out else [out["const"]]
         if not isinstance(values, list):
             raise Refused("enum", ptr, "must be a list of values")
@@ -176,6 +179,9 @@ class Walk:
         from jsonschema import Draft202012Validator
         check = Draft202012Validator(beside)
         kept = [v for v in values if check.is_valid(v)]
+        if not kept and ptr and not {"$defs", "definitions"} & out.keys():  # an optional place: never present
+            self.out.rewritten["enum with no value: false"] += 1
+            return False
         if not kept:
             raise Refused("enum" if "enum" in out else "const", ptr, "no listed value meets the keywords beside it "
                           f"({', '.join(sorted(beside))}): the schema allows nothing here")
