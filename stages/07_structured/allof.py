@@ -20,31 +20,32 @@ class CannotMerge(Exception):
     pass
 
 
-def merge_all_of(node: dict, resolve) -> dict | None:
+def merge_all_of(node: dict, resolve, depth: int = 0) -> dict | None:
     """``node`` with its ``allOf`` merged in, or None where a merge would change the meaning."""
     parts = [{k: v for k, v in node.items() if k != "allOf"}]
     try:
         parts += [inline(b, resolve) for b in node["allOf"]]
-        return merge(parts, resolve)
+        return merge(parts, resolve, depth)
     except CannotMerge:
         return None
 
 
 def inline(branch, resolve) -> dict:
-    """A branch as keywords: a ``$ref`` alone is replaced by its target when the target has no reference in it (a
-    recursive definition stays a reference, and the merge gives up)."""
+    """A branch as keywords: a ``$ref`` alone is replaced by its target. A target that refers to itself further
+    down (a recursive definition) is inlined one level, which is exact: the references inside still point to the
+    definition; the merge goes at most ``MAX_REFS`` properties deep."""
     for _ in range(MAX_REFS):
         if not isinstance(branch, dict):
             raise CannotMerge
         if set(branch) != {"$ref"}:
-            break
+            return branch
         branch = resolve(branch["$ref"])
-    if not isinstance(branch, dict) or "$ref" in str(branch):
+    raise CannotMerge
+
+
+def merge(parts: list[dict], resolve, depth: int = 0) -> dict:
+    if depth > MAX_REFS:
         raise CannotMerge
-    return branch
-
-
-def merge(parts: list[dict], resolve) -> dict:
     owners = [p for p in parts if any(k in p for k in OTHERS)]
     if len(owners) > 1:
         raise CannotMerge
@@ -64,7 +65,7 @@ def merge(parts: list[dict], resolve) -> dict:
             elif key in ("properties", "$defs", "definitions"):
                 out[key] = {**out[key]}
                 for name, sub in value.items():
-                    out[key][name] = sub if name not in out[key] else both(out[key][name], sub, resolve)
+                    out[key][name] = sub if name not in out[key] else both(out[key][name], sub, resolve, depth)
             elif key == "type":
                 out[key] = types(out[key], value)
             elif key in MINS:
@@ -78,14 +79,14 @@ def merge(parts: list[dict], resolve) -> dict:
     return out
 
 
-def both(a, b, resolve):
+def both(a, b, resolve, depth: int = 0):
     """Two schemas for one property: their merge, or their ``allOf`` left for the backend."""
     if a is True or b is True:
         return b if a is True else a
     if a is False or b is False:
         return False
     if isinstance(a, dict) and isinstance(b, dict):
-        merged = merge_all_of({"allOf": [a, b]}, resolve)
+        merged = merge_all_of({"allOf": [a, b]}, resolve, depth + 1)
         return merged if merged is not None else {"allOf": [a, b]}
     raise CannotMerge
 
@@ -99,3 +100,26 @@ def types(a, b):
     if not common:
         raise CannotMerge
     return sorted(common) if len(common) > 1 else next(iter(common))
+
+
+def pattern_overlap(node: dict, checked: list | None = None, ptr: str = "") -> dict:
+    """A property whose name a ``patternProperties`` pattern also matches must meet both schemas; where every such
+    pattern's schema is the property's own, meeting it once is the same (A and A is A): the property's schema
+    becomes ``true`` and the pattern's applies. llguidance would otherwise intersect the two, and refuses to when
+    they reach a recursive definition (WashingtonPost's ``promo_items``). With ``checked`` (a list: the loose
+    cleaning, asked for when llguidance refused), a property whose schema differs is given the pattern's alone,
+    and its own is left to the check of the finished output (checked.py), listed there."""
+    import re
+    props, patterns = node.get("properties"), node.get("patternProperties")
+    if not (isinstance(props, dict) and isinstance(patterns, dict)):
+        return node
+    same = {}
+    for name, sub in props.items():
+        try:
+            matching = [s for p, s in patterns.items() if re.search(p, name)]
+        except (re.error, TypeError):
+            return node
+        same[name] = True if matching and (checked is not None or all(s == sub for s in matching)) else sub
+        if matching and same[name] is True and sub is not True and checked is not None:
+            checked.append(f"'properties' at #{ptr}/properties/{name} (beside patternProperties)")
+    return {**node, "properties": same}

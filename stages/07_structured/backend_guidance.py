@@ -18,8 +18,8 @@ from .rewrites import Refused, clean
 class GuidanceGrammar:
     backend = "guidance"
 
-    def __init__(self, matcher, vocab_size: int, eos_ids: list[int], source_bytes: int = 0):
-        self.start, self.vocab_size, self.eos_ids = matcher, vocab_size, eos_ids
+    def __init__(self, matcher, vocab_size: int, eos_ids: list[int], source_bytes: int = 0, checked=()):
+        self.start, self.vocab_size, self.eos_ids, self.checked = matcher, vocab_size, eos_ids, list(checked)
         self.source_bytes = source_bytes  # the grammar's text, for the cache's estimate of its size
 
     def matcher(self) -> GuidanceMatcher:
@@ -78,7 +78,8 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
     options = {"whitespace_flexible": flexible, "coerce_one_of": False, "lenient": False}
     if not flexible:  # xgrammar's compact spelling: {"a": 1, "b": [2, 3]}
         options.update(item_separator=", ", key_separator=": ")
-    schema = clean(so.schema, "guidance").schema if so.kind == "json" else {"type": "object"}
+    cleaned = clean(so.schema, "guidance") if so.kind == "json" else None
+    schema = cleaned.schema if cleaned else {"type": "object"}
     if so.kind in ("json", "json_object"):
         grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
     elif so.kind == "regex":
@@ -88,12 +89,24 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
     else:
         raise ValueError("llguidance reads Lark grammars; structured_outputs.grammar is xgrammar's EBNF")
     error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
+    if error and cleaned is not None and any(w in error for w in LOOSENED):
+        # a property and a pattern it matches, intersected through a recursive definition; a count of properties
+        # beside optional ones: the loose cleaning leaves these to the check of the finished output
+        cleaned = clean(so.schema, "guidance", loose=True)
+        schema = cleaned.schema
+        grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+        error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
     if error:
         raise refusal(error, schema)
     matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
     if matcher.is_error():
         raise ValueError(f"llguidance cannot enforce it: {matcher.get_error()}")
-    return GuidanceGrammar(matcher, vocab_size, eos_ids, len(grammar))
+    return GuidanceGrammar(matcher, vocab_size, eos_ids, len(grammar), cleaned.checked if cleaned else ())
+
+
+# llguidance's refusals that the loose cleaning answers (rewrites.clean): the part it refuses is checked instead
+LOOSENED = ("circular references with sibling keys", "min/maxProperties only supported", "lookarounds not supported",
+            "regex parse error")
 
 
 def refusal(error: str, schema) -> Exception:

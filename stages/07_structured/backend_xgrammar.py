@@ -18,8 +18,8 @@ from .schema_check import xgrammar_refusals
 class XGrammarGrammar:
     backend = "xgrammar"
 
-    def __init__(self, compiled, vocab_size: int):
-        self.compiled, self.vocab_size = compiled, vocab_size
+    def __init__(self, compiled, vocab_size: int, checked=()):
+        self.compiled, self.vocab_size, self.checked = compiled, vocab_size, list(checked)
 
     def matcher(self) -> XGrammarMatcher:
         return XGrammarMatcher(self)
@@ -63,9 +63,10 @@ def xgrammar_compiler(vocab: tuple, vocab_size: int, eos_ids: list[int]):
 def compile_xgrammar(compiler, so, vocab_size: int) -> XGrammarGrammar:
     """The constraint compiled; `Refused` for a schema keyword xgrammar would skip, RuntimeError/ValueError for what
     it cannot compile."""
-    any_whitespace = not so.disable_any_whitespace
+    any_whitespace, checked = not so.disable_any_whitespace, ()
     if so.kind == "json":
-        schema = clean(so.schema, "xgrammar").schema
+        cleaned = clean(so.schema, "xgrammar")
+        schema, checked = cleaned.schema, cleaned.checked
         for problem in xgrammar_refusals(schema, compiler):
             raise problem
         compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
@@ -77,4 +78,4 @@ def compile_xgrammar(compiler, so, vocab_size: int) -> XGrammarGrammar:
         compiled = compiler.compile_grammar("root ::= " + " | ".join(json.dumps(x) for x in so.choice))
     else:
         compiled = compiler.compile_grammar(so.grammar)
-    return XGrammarGrammar(compiled, vocab_size)
+    return XGrammarGrammar(compiled, vocab_size, checked)

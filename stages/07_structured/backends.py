@@ -25,6 +25,7 @@ from .grammar_cache import DEFAULT_MAX_BYTES, GrammarCache
 from .regex import Unsupported, literal, parse
 from .backend_guidance import compile_guidance, guidance_tokenizer
 from .backend_xgrammar import compile_xgrammar, xgrammar_compiler
+from .checked import with_check
 from .rewrites import Refused
 from .schema_check import xgrammar_reason
 from .vocab import token_bytes
@@ -158,9 +159,9 @@ class Grammars:
         reasons = []
         for name in tries:
             try:
-                if name == "xgrammar":
-                    return compile_xgrammar(self.compiler, so, self.vocab_size)
-                return compile_guidance(self.guidance, so, self.vocab_size, self.eos_ids)
+                grammar = compile_xgrammar(self.compiler, so, self.vocab_size) if name == "xgrammar" else \
+                    compile_guidance(self.guidance, so, self.vocab_size, self.eos_ids)
+                return with_check(grammar, so.schema, self.vocab, self.eos_ids)
             except Refused as e:
                 reasons.append(f"{name}: {e}")
             except (RuntimeError, ValueError) as e:

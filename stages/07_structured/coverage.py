@@ -57,15 +57,15 @@ def compile_one(grammars, schema: dict, every: bool = True) -> dict:
             continue
         start = time.perf_counter()
         try:
-            grammars.build(StructuredOutputsParams(json=schema), backend)
-            ok, reason = True, ""
+            checked = getattr(grammars.build(StructuredOutputsParams(json=schema), backend), "checked", None)
+            ok, reason = True, "checked: " + ", ".join(sorted({c.split("'")[1] for c in checked})) if checked else ""
         except InvalidParam as e:
             ok, reason = False, reason_of(str(e))
         except Exception as e:  # noqa: BLE001 - a crash is what this measures (a 5xx on the server)
             ok, reason = False, f"CRASH {type(e).__name__}: {str(e)[:80]}"
         out[backend] = (ok, reason, (time.perf_counter() - start) * 1e3)
     x, g = out["xgrammar"], out["guidance"]  # auto's order for a schema (backends.AUTO_ORDER): llguidance first
-    out["auto"] = (True, "", g[2]) if g[0] else (x[0], x[1], x[2] + g[2])
+    out["auto"] = g if g[0] else (x[0], x[1], x[2] + g[2])
     return out
 
 
@@ -87,7 +87,8 @@ def run(folder: str, vocab_size: int, eos: tuple[int, ...], splits: dict, consol
         report["splits"][split] = summarize(rows)
         s = report["splits"][split]
         console.print(f"{split}: {s['n']} schemas, auto {s['auto']['served']} served "
-                      f"({s['auto']['served'] / max(1, s['n']):.0%})")
+                      f"({s['auto']['served'] / max(1, s['n']):.0%}; {sum(s['auto']['checked'].values())} of them "
+                      f"with a keyword checked at the end)")
     everything = {f"{s}/{n}": r for s, rows in report["schemas"].items() for n, r in rows.items()}
     report["total"] = summarize(everything)
     return report
@@ -99,6 +100,7 @@ def summarize(rows: dict) -> dict:
         results = [r[backend] for r in rows.values()]
         ms = [t for ok, _, t in results if ok]
         out[backend] = {"served": sum(ok for ok, _, _ in results),
+                        "checked": dict(Counter(reason for ok, reason, _ in results if ok and reason)),
                         "refused": dict(Counter(reason for ok, reason, _ in results if not ok).most_common()),
                         "compile_ms_p50": percentile(ms, 0.5), "compile_ms_p99": percentile(ms, 0.99)}
     return out
@@ -106,11 +108,12 @@ def summarize(rows: dict) -> dict:
 
 def show(report: dict, console: Console) -> None:
     table = Table(title="JSONSchemaBench: schemas served, by split and backend (compile only)")
-    for col in ("split", "schemas", "xgrammar", "guidance", "auto", "auto p50 ms", "auto p99 ms"):
+    for col in ("split", "schemas", "xgrammar", "guidance", "auto", "of which checked", "auto p50 ms", "auto p99 ms"):
         table.add_column(col, justify="right")
     for split, s in [*report["splits"].items(), ("all", report["total"])]:
         n = max(1, s["n"])
         table.add_row(split, str(s["n"]), *[f"{s[b]['served'] / n:.0%}" for b in (*BACKENDS, "auto")],
+                      f"{sum(s['auto']['checked'].values()) / n:.0%}",
                       f"{s['auto']['compile_ms_p50']:.1f}", f"{s['auto']['compile_ms_p99']:.1f}")
     console.print(table)
     reasons = Table(title="auto's refusals by reason (all splits)")
@@ -139,6 +142,9 @@ def generate(llm, splits: dict, report: dict, n: int, max_tokens: int, console: 
                   for s, name in batch]
         for (s, name), out in zip(batch, llm.generate(prompts, params)):
             counts[out.finish_reason] += 1
+            if out.finish_reason == "error":  # the check of the finished output refused it (checked.py), or not
+                counts["error: refused by the check" if "checked when the output ends" in (out.error or "")
+                       else "error: other"] += 1
             if out.finish_reason != "stop":
                 continue
             schema = splits[s][name]

@@ -50,6 +50,16 @@ REFUSED = {
 }
 
 
+# Constraints a grammar cannot say in general: enforced wider, and the finished output checked (checked.py), except
+# in the forms rewritten exactly (negation.py, oneof.py).
+CHECKED = {
+    "uniqueItems": "no item twice is not context-free; exact where at most one item or one value is possible",
+    "oneOf": "a grammar says 'at least one branch', not 'not two'; exact where no value can match two branches",
+    "not": "the complement of a context-free language is not one; exact for not {}, required, type",
+    "if": "enforced as anyOf [then, else], the condition checked",
+}
+
+
 def is_annotation(key: str) -> bool:
     """True for a keyword that never constrains an instance: a listed annotation, an ``x-`` extension, or a keyword
     the specification does not define."""
@@ -64,4 +74,6 @@ def rule(key: str) -> tuple[str, str]:
         return "ignored (unknown keyword)", UNKNOWN_RULE
     if key in REFUSED:
         return "refused", REFUSED[key]
+    if key in CHECKED:
+        return "checked on the finished output where not rewritten exactly", CHECKED[key]
     return "enforced", VALIDATION

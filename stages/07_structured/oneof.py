@@ -5,11 +5,13 @@ branches' languages) but not "not two", so xgrammar reads ``oneOf`` as ``anyOf``
 refuses it. Where no value can match two branches at once, the two are the same language, and the rewrite is
 exact. Two branches are told apart (``apart``) when:
 - their types cannot overlap (``string`` and ``object``; ``integer`` lies inside ``number``);
-- their listed values (``enum``/``const``) share none;
+- their listed values (``enum``/``const``) share none, or one lists values none of which the other takes
+  (checked with ``jsonschema``);
 - both are objects (``type: object``: ``required`` says nothing of a string) requiring one property whose
   ``const``/``enum`` values differ (a discriminator: ``"kind": "circle"`` / ``"kind": "square"``, OpenAPI's);
 - both are objects, and one requires a property the other forbids (``additionalProperties: false`` without it).
-Anything else (two strings with overlapping patterns, say) is left as ``oneOf`` for the backend to refuse.
+A branch that gives no type is read with its node's (``{"type": "object", "oneOf": [...]}``). Anything else (two
+strings with overlapping patterns, say) stays ``oneOf``, checked on the finished output (checked.py).
 """
 from __future__ import annotations
 
@@ -53,6 +55,10 @@ def apart(a: dict, b: dict, resolve) -> bool:
     va, vb = values_of(a), values_of(b)
     if va is not None and vb is not None:
         return not {json.dumps(v, sort_keys=True) for v in va} & {json.dumps(v, sort_keys=True) for v in vb}
+    if (va is not None or vb is not None) and "$ref" not in json.dumps(b if va is not None else a):
+        from jsonschema import Draft202012Validator  # listed values, none of which the other branch takes
+        other = Draft202012Validator(b if va is not None else a)
+        return not any(other.is_valid(v) for v in (va if va is not None else vb))
     pa, pb = a.get("properties") or {}, b.get("properties") or {}
     if ta != {"object"} or tb != {"object"} or not (isinstance(pa, dict) and isinstance(pb, dict)):
         return False
@@ -87,9 +93,43 @@ def one_of_as_any_of(node: dict, resolve) -> dict | None:
     branches = [follow(b, resolve) for b in node["oneOf"]]
     if "anyOf" in node or any(not isinstance(b, dict) for b in branches):
         return None
+    if "type" in node:  # every value is of the node's type: a branch that does not say is read as of it
+        branches = [b if {"type", "const", "enum"} & b.keys() else {**b, "type": node["type"]} for b in branches]
     for i, a in enumerate(branches):
         for b in branches[i + 1:]:
             if not apart(a, b, resolve):
                 return None
     rest = {k: v for k, v in node.items() if k != "oneOf"}
     return {**rest, "anyOf": node["oneOf"]}
+
+
+def implied_type(node: dict, resolve) -> dict:
+    """``type`` beside ``anyOf`` dropped where every branch already allows only those types (the ``type`` then
+    removes nothing). llguidance would intersect it with each branch, and refuses to when a branch is a reference
+    to a recursive definition (WashingtonPost's credits: ``items: {"type": "object", "anyOf": [{"$ref": ...}]}``)."""
+    outer = types_of({"type": node["type"]})
+    if outer is None or not isinstance(node.get("anyOf"), list):
+        return node
+    for branch in node["anyOf"]:
+        inner = types_of(follow(branch, resolve)) if isinstance(follow(branch, resolve), dict) else None
+        if inner is None or not inner <= outer:
+            return node
+    return {k: v for k, v in node.items() if k != "type"}
+
+
+def exclusive_required(node: dict) -> dict | None:
+    """``oneOf`` of bare ``required`` lists on an object ("exactly one of streams, source_url"): each branch's
+    names present and, of every other branch, its one name absent. Exact where the node is typed ``object`` (a
+    non-object meets every ``required``, so it matches them all, and ``oneOf`` refuses it) and every branch requires
+    one name; None otherwise."""
+    branches = node["oneOf"]
+    if node.get("type") != "object" or "anyOf" in node or not all(
+            isinstance(b, dict) and set(b) == {"required"} and isinstance(b["required"], list) for b in branches):
+        return None
+    if any(len(b["required"]) != 1 for b in branches):
+        return None
+    names = [b["required"][0] for b in branches]
+    if len(set(names)) != len(names):
+        return None  # two branches alike: no value matches exactly one of them; left to the check
+    rest = {k: v for k, v in node.items() if k != "oneOf"}
+    return {**rest, "anyOf": [{"required": [n], "properties": {m: False for m in names if m != n}} for n in names]}

@@ -7,7 +7,9 @@ rewritten into ones the backends enforce exactly, or a `Refused` that names the 
 - ``enum``/``const`` beside other keywords become the listed values that meet them (checked with ``jsonschema``, so
   the backend's "exactly these values" is the schema's meaning);
 - ``allOf`` is merged into its parent where the merge is exact (allof.py), ``oneOf`` becomes ``anyOf`` where no
-  value can match two branches (oneof.py);
+  value can match two branches (oneof.py); dependencies, ``not``, ``if`` and ``uniqueItems`` (negation.py);
+- what a grammar cannot say (``oneOf`` whose branches may overlap, ``uniqueItems``, ``not``, ``if``) is given to
+  the backend wider and listed in ``Cleaned.checked``: the finished output is validated (checked.py);
 - a ``$ref`` into a place the walk dropped (``#/components/...`` under an unknown keyword) is kept there, cleaned.
 A schema nested deeper than ``MAX_DEPTH`` subschemas is refused by its own depth (the server's body guard is wider).
 """
@@ -19,11 +21,12 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from . import formats
-from .allof import merge_all_of
+from .allof import merge_all_of, pattern_overlap
 from .drafts import draft_of, to_2020
 from .keywords import REFUSED, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, is_annotation
-from .negation import without_dependency, without_not
-from .oneof import one_of_as_any_of
+from .negation import without_dependencies, without_if, without_not, without_unique_items
+from .oneof import exclusive_required, follow, implied_type, one_of_as_any_of
+from .propnames import property_names
 
 MAX_DEPTH = 64  # subschemas inside subschemas; JSONSchemaBench's deepest needs 30-some
 
@@ -42,6 +45,7 @@ class Cleaned:
     schema: dict
     ignored: Counter = field(default_factory=Counter)  # keyword -> times dropped as an annotation
     rewritten: Counter = field(default_factory=Counter)  # rewrite -> times done (enum filtered, oneOf, allOf)
+    checked: list[str] = field(default_factory=list)  # keywords left to the check of the finished output (checked.py)
 
 
 def resolve(root, ref: str):
@@ -59,8 +63,8 @@ def resolve(root, ref: str):
 
 
 class Walk:
-    def __init__(self, root, backend: str):
-        self.root, self.backend, self.draft = root, backend, draft_of(root)
+    def __init__(self, root, backend: str, loose: bool = False):
+        self.root, self.backend, self.draft, self.loose = root, backend, draft_of(root), loose
         self.out = Cleaned({})
         self.refs: set[str] = set()
 
@@ -109,32 +113,61 @@ class Walk:
     def rewrite(self, out: dict, ptr: str, depth: int) -> dict | bool:
         if "enum" in out or "const" in out:
             out = self.values_only(out, ptr)
+            if out is False:
+                return False
         if "not" in out:
             out = without_not(out)
             if out is False:
                 self.out.rewritten["not as false"] += 1
                 return False
-        if "dependentRequired" in out:
-            out = without_dependency(out)
+            out = self.checked(out, ("not",), ptr)
+        if {"if", "then", "else"} & out.keys():
+            out, wider = without_if(out)
+            self.out.checked += [f"'if' at #{ptr}"] if wider else []
+        if self.loose and ({"minProperties", "maxProperties"} & out.keys()):  # llguidance: only all required
+            out = self.checked(out, ("minProperties", "maxProperties"), ptr)
+        if self.loose and any(a in str(out.get("pattern")) for a in ("(?=", "(?!", "(?<=", "(?<!")):  # look-around
+            out = self.checked(out, ("pattern",), ptr)
+        if "dependentRequired" in out or "dependentSchemas" in out:
+            out = without_dependencies(out)
+            self.out.rewritten["dependencies as anyOf"] += 1
+        if "propertyNames" in out:
+            out = property_names(out, follow(out["propertyNames"], lambda ref: self.target(ref, depth)))
+        if "patternProperties" in out and "properties" in out:
+            out = pattern_overlap(out, self.out.checked if self.loose else None, ptr)
         if "allOf" in out:
             merged = merge_all_of(out, lambda ref: self.target(ref, depth))
             if merged is not None:
                 self.out.rewritten["allOf merged"] += 1
                 out = merged
         if "oneOf" in out:
-            rewritten = one_of_as_any_of(out, lambda ref: resolve(self.root, ref))
+            rewritten = one_of_as_any_of(out, lambda ref: resolve(self.root, ref)) or exclusive_required(out)
             if rewritten is not None:
                 self.out.rewritten["oneOf as anyOf"] += 1
                 out = rewritten
+            elif "anyOf" not in out:  # branches that may overlap: "at least one" enforced, "not two" checked
+                self.out.checked.append(f"'oneOf' at #{ptr}")
+                out = {**{k: v for k, v in out.items() if k != "oneOf"}, "anyOf": out["oneOf"]}
+        if "uniqueItems" in out:
+            out, wider = without_unique_items(out)
+            self.out.checked += [f"'uniqueItems' at #{ptr}"] if wider else []
+        if "anyOf" in out and "type" in out:
+            out = implied_type(out, lambda ref: resolve(self.root, ref))
         return out
+
+    def checked(self, out: dict, keys: tuple, ptr: str) -> dict:
+        """``out`` without ``keys``, each listed for the check of the finished output (checked.py)."""
+        self.out.checked += [f"'{k}' at #{ptr}" for k in keys if k in out]
+        return {k: v for k, v in out.items() if k not in keys}
 
     def target(self, ref: str, depth: int):
         """What a ``$ref`` points to, cleaned (an ``allOf`` branch inlined is given to the backend as it is)."""
         node = resolve(self.root, ref)
         return None if node is None else self.node(node, ref[1:], depth + 1)
 
-    def values_only(self, out: dict, ptr: str) -> dict:
-        """``enum``/``const`` with keywords beside them: the listed values that meet those keywords, alone."""
+    def values_only(self, out: dict, ptr: str) -> dict | bool:
+        """``enum``/``const`` with keywords beside them: the listed values that meet those keywords, alone; ``false``
+        below the root where none does (a property that can never be present), refused at the root."""
         values = out["enum"] if "enum" in out else [out["const"]]
         if not isinstance(values, list):
             raise Refused("enum", ptr, "must be a list of values")
@@ -146,6 +179,9 @@ class Walk:
         from jsonschema import Draft202012Validator
         check = Draft202012Validator(beside)
         kept = [v for v in values if check.is_valid(v)]
+        if not kept and ptr and not {"$defs", "definitions"} & out.keys():  # an optional place: never present
+            self.out.rewritten["enum with no value: false"] += 1
+            return False
         if not kept:
             raise Refused("enum" if "enum" in out else "const", ptr, "no listed value meets the keywords beside it "
                           f"({', '.join(sorted(beside))}): the schema allows nothing here")
@@ -172,9 +208,10 @@ class Walk:
                 place[parts[-1]] = cleaned
 
 
-def clean(schema, backend: str) -> Cleaned:
-    """``schema`` as ``backend`` ("xgrammar" or "guidance") is given it, with what was dropped and rewritten."""
-    walk = Walk(schema, backend)
+def clean(schema, backend: str, loose: bool = False) -> Cleaned:
+    """``schema`` as ``backend`` ("xgrammar" or "guidance") is given it, with what was dropped and rewritten;
+    ``loose``: a property a pattern also matches is given the pattern's schema alone, its own checked at the end."""
+    walk = Walk(schema, backend, loose)
     walk.out.schema = walk.node(schema, "", 1)
     walk.keep_referenced()
     return walk.out
