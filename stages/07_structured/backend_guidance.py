@@ -27,6 +27,8 @@ class GuidanceGrammar:
 
 
 class GuidanceMatcher:
+    why = None  # a refusal's reason beyond the grammar's own (checked.py's matcher has one)
+
     def __init__(self, grammar: GuidanceGrammar):
         self.m, self.eos_ids = grammar.start.deep_copy(), grammar.eos_ids
         self.words = -(-grammar.vocab_size // 32)

@@ -26,6 +26,8 @@ class XGrammarGrammar:
 
 
 class XGrammarMatcher:
+    why = None  # a refusal's reason beyond the grammar's own (checked.py's matcher has one)
+
     def __init__(self, grammar: XGrammarGrammar):
         import xgrammar as xgr
         self.m = xgr.GrammarMatcher(grammar.compiled)

@@ -40,6 +40,7 @@ AUTO_ORDER = {"json": ("guidance", "xgrammar")}
 class FSMGrammar:
     """A pattern's automaton and, per state reached so far, its mask (shared by all its requests)."""
     backend = "fsm"
+    checked = ()  # a pattern is enforced whole: nothing left to check on the finished output
 
     def __init__(self, tree: tuple, grammars: Grammars):
         self.dfa, self.g = DFA(NFA(tree)), grammars
@@ -83,6 +84,8 @@ class FSMGrammar:
 
 
 class FSMMatcher:
+    why = None  # a refusal's reason beyond the grammar's own (checked.py's matcher has one)
+
     def __init__(self, grammar: FSMGrammar):
         self.grammar, self.states = grammar, [grammar.dfa.start]  # one state per accepted token, for rollback
 

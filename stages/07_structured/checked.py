@@ -25,8 +25,9 @@ class CheckedGrammar:
         from jsonschema.validators import validator_for
         self.inner, self.checked, self.vocab, self.eos_ids = inner, checked, vocab, eos_ids
         self.backend = inner.backend
-        self.compiled = getattr(inner, "compiled", None)  # for the grammar cache's estimate of the size
-        self.source_bytes = getattr(inner, "source_bytes", 0)
+        # what the grammar cache's estimate of the size reads, by backend (grammar_cache.grammar_bytes)
+        self.compiled = inner.compiled if inner.backend == "xgrammar" else None
+        self.source_bytes = inner.source_bytes if inner.backend == "guidance" else 0
         self.validator = validator_for(schema)(schema)
 
     def matcher(self) -> CheckedMatcher:
@@ -86,5 +87,4 @@ class CheckedMatcher:
 
 def with_check(grammar, schema, vocab, eos_ids: list[int]):
     """``grammar`` as it is, or wrapped to check the finished output where its cleaning dropped a keyword."""
-    checked = getattr(grammar, "checked", None)
-    return CheckedGrammar(grammar, schema, checked, vocab, eos_ids) if checked else grammar
+    return CheckedGrammar(grammar, schema, grammar.checked, vocab, eos_ids) if grammar.checked else grammar

@@ -105,7 +105,7 @@ class GrammarConstraint(LogitsProcessor):
         if self.live == self.pos and self.matcher.accept(token):
             self.live += 1
         elif self.live == self.pos and self.pos not in self.failures:
-            self.failures[self.pos] = getattr(self.matcher, "why", None) or \
+            self.failures[self.pos] = self.matcher.why or \
                 f"{self.name} does not allow token {token} at output token {self.pos}"
         self.pos += 1
         if self.pos > KEEP_BEHIND and self.pos - KEEP_BEHIND < len(self.masks):

@@ -57,7 +57,7 @@ def compile_one(grammars, schema: dict, every: bool = True) -> dict:
             continue
         start = time.perf_counter()
         try:
-            checked = getattr(grammars.build(StructuredOutputsParams(json=schema), backend), "checked", None)
+            checked = grammars.build(StructuredOutputsParams(json=schema), backend).checked
             ok, reason = True, "checked: " + ", ".join(sorted({c.split("'")[1] for c in checked})) if checked else ""
         except InvalidParam as e:
             ok, reason = False, reason_of(str(e))

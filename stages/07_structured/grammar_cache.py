@@ -34,10 +34,9 @@ DFA_ROW_BYTES = 256 * 8 + 64
 
 def grammar_bytes(grammar) -> int:
     """The bytes a compiled grammar holds, estimated as the module's docstring says."""
-    compiled = getattr(grammar, "compiled", None)
-    if compiled is not None:  # xgrammar's
-        return int(XGRAMMAR_FACTOR * compiled.memory_size_bytes)
-    if getattr(grammar, "backend", None) == "guidance":
+    if grammar.backend == "xgrammar":
+        return int(XGRAMMAR_FACTOR * grammar.compiled.memory_size_bytes)
+    if grammar.backend == "guidance":
         return GUIDANCE_BASE_BYTES + GUIDANCE_FACTOR * grammar.source_bytes
     with grammar.lock:  # the engine thread may be adding a state
         masks = sum(m.nbytes for m in grammar.masks.values())
