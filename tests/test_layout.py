@@ -4,6 +4,7 @@ exists (its --help runs); and the rules of tests/layout_rules.py (parts configur
 no mutable class attributes, one level of inheritance across stages, stage modules imported by their plain names,
 no file over 230 lines), each shown failing on a planted violation first."""
 import ast
+import json
 import os
 import re
 import shlex
@@ -15,6 +16,7 @@ import pytest
 
 import layout_rules as rules
 import stages
+from workloads import profile
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("common", "stages")
@@ -338,10 +340,52 @@ def test_the_readmes_name_commands():
                                         "stages.04_kernels", "stages.05_streaming"}
 
 
+# Quick (`make test`) asks every command for its --help in ONE fresh process, each run as `python -m` runs it
+# (runpy, as __main__, with its own argv, stages/ imported afresh), one after another: the 39 torch imports of a
+# process each were most of this file's minute. Deep (`make test-deep`, CI) still starts a fresh process per
+# command, as a user does.
+HELP_ALL = """
+import contextlib, io, json, runpy, shlex, sys, traceback, warnings
+warnings.filterwarnings("ignore", message=".*found in sys.modules", category=RuntimeWarning)  # runpy, a 2nd run
+answers = {}
+for module, sub in json.loads(sys.argv[1]):
+    for name in [n for n in sys.modules if n == "stages" or n.startswith("stages.")]:
+        del sys.modules[name]  # each command imports the stages afresh (a stage door aliases its numbered folder)
+    sys.argv = [module, *shlex.split(sub), "--help"]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BaseException:
+        code, err = 1, io.StringIO(err.getvalue() + traceback.format_exc())
+    answers[f"{module} {sub}"] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(answers))
+"""
+
+
+def user_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # as a user runs it (conftest sets it)
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, list]:
+    """Quick: every documented command's (exit status, stdout, stderr) for --help, from one process."""
+    commands = sorted(documented_commands())
+    run = subprocess.run([sys.executable, "-c", HELP_ALL, json.dumps(commands)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120 + 10 * len(commands), env=user_env())
+    assert run.returncode == 0, run.stderr[-1500:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("module,sub", sorted(documented_commands()))
-def test_a_documented_command_answers_help(module, sub):
-    args = [sys.executable, "-m", module, *shlex.split(sub), "--help"]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # as a user runs it (conftest sets it)
-    run = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
-    assert run.returncode == 0, f"{' '.join(args[1:])}: {run.stderr[-1500:]}"
-    assert "usage" in run.stdout.lower()
+def test_a_documented_command_answers_help(module, sub, request):
+    if profile() == "quick":
+        code, stdout, stderr = request.getfixturevalue("helps")[f"{module} {sub}"]
+    else:
+        args = [sys.executable, "-m", module, *shlex.split(sub), "--help"]
+        run = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, env=user_env())
+        code, stdout, stderr = run.returncode, run.stdout, run.stderr
+    assert code == 0, f"{module} {sub} --help: {stderr[-1500:]}"
+    assert "usage" in stdout.lower()
