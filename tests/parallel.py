@@ -19,7 +19,7 @@ SLOW_FIRST = [
     "test_labs.py",
     "test_children.py",
     "test_identical_tokens.py",
-    "test_layout.py",           # every documented command's --help, each a fresh process
+    "test_layout.py",           # the import graph, the house rules, every documented command's --help
     "test_stage_05_streaming.py",
     "test_stage_03_paged.py",
     "test_peers.py",
