@@ -127,6 +127,16 @@ def test_a_cache_that_grows_while_it_evicts_is_at_its_bound_and_passes():
     assert failed(judge(run)) == RECORDED_FAILS
 
 
+def test_a_steady_leak_fails_the_rss_check_even_in_a_one_minute_run():
+    """The real soak below runs a minute: its window after warm-up (36 s) is barely longer than the 30-s floor, which
+    once reached back to the window's start, so a leak of +10% a minute read as flat (+0.2%). The floor now
+    reaches a sixth of the window at most; the hour's windows keep 30 s."""
+    def run(leak_per_minute):
+        samples = [{"t": t, "rss": 2**30 * (1 + leak_per_minute * t / 60), "kv_rss": 0} for t in range(0, 61, 2)]
+        return v.rss_check(v.after_warmup(samples))
+    assert not run(0.10)[0] and run(0.0)[0], (run(0.10), run(0.0))
+
+
 def test_a_short_soak_of_the_server_on_the_tiny_model_holds_the_verdict():
     """A real run, closed loop at 12 clients: its verdict, not a stand-in's; it fails when the server leaks outside
     its bounded pools, holds a block, answers a 5xx or an invalid 200, or grows its fds or threads. Every check but

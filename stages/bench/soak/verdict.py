@@ -68,7 +68,11 @@ def floor(samples: list[dict], key: str, seconds: float = FLOOR_S) -> list[float
 
 
 def rss_check(window: list[dict]) -> tuple[bool, str]:
-    rss = floor([s | {"rss": s["rss"] - s.get("kv_rss", 0)} for s in window], "rss")
+    # The floor's reach is at most a sixth of the window: over a window not much longer than FLOOR_S, every floor
+    # would reach back to the window's start and a steady leak would read as flat (a one-minute run's 36 s window
+    # passed +10% a minute).
+    span = window[-1]["t"] - window[0]["t"] if window else 0.0
+    rss = floor([s | {"rss": s["rss"] - s.get("kv_rss", 0)} for s in window], "rss", min(FLOOR_S, span / 6))
     if len(rss) < 6:
         return False, "too few samples after warm-up"
     mid = statistics.median(rss)
