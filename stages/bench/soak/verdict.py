@@ -10,10 +10,11 @@ server must hold:
   server proves nothing; one that drowned it measures its queue, whose bodies grow RSS with the backlog);
 * RSS flat, less the KV pool's resident pages (sampler.py: the pool is touched block by block for the first time
   over as long as the run takes to reach every block, bounded by its size, and judged by that bound instead),
-  read as its floor over the last 30 s (`floor`: a 1 MB prediction in flight holds tens of MiB for a
-  second or two and gives them back; a leak raises the floor): within 5% of its median, and not growing: the
-  median of the window's last third at most ``RSS_GROWTH`` above its first third's, and the least-squares trend
-  over the window under 5%. Warm-up that ends leaves the thirds level; a leak, however slow, keeps them apart;
+  read as its floor over the last 30 s, or a sixth of a shorter window (`floor`: a 1 MB prediction in flight holds
+  tens of MiB for a second or two and gives them back; a leak raises the floor): within 5% of its median, and not
+  growing: the median of the window's last third at most ``RSS_GROWTH`` above its first third's, and the
+  least-squares trend over the window under 5%. Warm-up that ends leaves the thirds level; a leak, however slow,
+  keeps them apart;
 * the caches bounded: the grammar cache never over its bound, and at its bound (evicting) or flat (a cache that
   fills must stop filling); the KV pool's resident pages never more than the pool;
 * file descriptors and threads flat: the last third's median no higher than the first third's plus a margin
