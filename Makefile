@@ -34,8 +34,10 @@ soak: $(MODEL)
 # prepared, the kernels built and the arm64 root made; ONE apt-get for chromium and the aarch64 tools;
 # native-check), its independent steps side by side and each skipped where already done and valid; then ruff; then
 # the whole suite, tiny-model, real-model and cluster tests alike, on two workers, the slowest files first
-# (tests/parallel.py). The hypothesis profile (tests/workloads.py): `make test` runs "quick" (each property test's
-# examples cut to 40%, at least 10), `make test-deep` "deep" (every test's own count); .ci/run runs deep.
+# (tests/parallel.py). The test profile (tests/workloads.py): `make test` runs "quick" (each property test's
+# examples cut to 40%, at least 10; the documented commands' --help in one process; one greedy prompt against
+# transformers), `make test-deep` "deep" (every test's own count, a process per command, every prompt); .ci/run
+# runs deep.
 # `make test-profile` also prints the 20 slowest tests, the files' totals and the set-up's steps, slowest first
 # (it writes them to .setup-times.json).
 PYTEST_PARALLEL := -q -n 2 --dist loadfile --no-loadscope-reorder

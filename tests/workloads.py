@@ -16,7 +16,9 @@ TINY_VOCAB = 1024
 # The test profiles ($STEPWISE_TEST_PROFILE): "deep" runs each property test's own count of hypothesis examples
 # (`make test-deep`, and CI through .ci/run); "quick", `make test`'s default, runs QUICK_SHARE of it, never fewer
 # than QUICK_FLOOR (nor more than the test's own count): the strategies are the same, so quick draws from the same
-# space, less densely, and every fixed case (parametrize, @example, the explicit scenarios) runs in both.
+# space, less densely, and every fixed case (parametrize, @example, the explicit scenarios) runs in both. Two
+# files trim more in quick, saying so where they do: test_layout.py runs every `--help` in one process instead of
+# one each, test_oracle_hf.py the greedy comparison with transformers on one prompt of its three.
 PROFILES = ("quick", "deep")
 QUICK_SHARE, QUICK_FLOOR = 0.4, 10
 
