@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from stages.bench.soak import report
 from stages.bench.soak import verdict as v
+from workloads import profile
 
 DATA = Path(__file__).parent / "data"
 RECORDED_FAILS = ["TTFT stable"]  # soak_flat.json's run, under load (the docstring)
@@ -142,17 +144,35 @@ def test_a_short_soak_of_the_server_on_the_tiny_model_holds_the_verdict():
     its bounded pools, holds a block, answers a 5xx or an invalid 200, or grows its fds or threads. Every check but
     TTFT's: latency is a target for a run alone (docs/soak.md), never a timed test on a shared CI machine (a
     3-minute run under load: p90 292 ms over the first quarter, 752 ms over the last, as a 1 MB prediction took
-    the cores). Without 1 MB predictions: each burst of them steps RSS up (by 32 MiB once on the tiny model,
-    docs/soak.md), which a window of under a minute cannot tell from growth; tests/test_soak_probe.py and
+    the cores). Three minutes in the deep profile (CI's `.ci/run`, as issue 56 asks), one in quick (a learner's
+    `make test`: docs/measuring.md). Without 1 MB predictions: each burst of them steps RSS up (by 32 MiB once on
+    the tiny model, docs/soak.md), which a window of under a minute cannot tell from growth; test_soak_probe.py and
     test_prepare_off_thread.py send them, and the hour judges their steps. The tiny model keeps it to about a
     minute and a half."""
     from stages.bench.soak.__main__ import arguments, run_soak
     from stages.bench.soak.traffic import KINDS
     kinds = ",".join(k for k in KINDS if k != "big_prediction")
-    args = arguments(["--minutes", "1", "--concurrency", "12", "--model", "tiny", "--max-tokens", "24",
+    minutes = "3" if profile() == "deep" else "1"
+    args = arguments(["--minutes", minutes, "--concurrency", "12", "--model", "tiny", "--max-tokens", "24",
                       "--sample-every", "2", "--grammar-cache-mb", "4", "--kinds", kinds])
     result = run_soak(args)
     assert result["outcomes"]["ok"] > 100 and sum(result["counts"]["hostile"].values()) > 0
     assert "TTFT stable" in result["checks"]
     assert [name for name, (ok, _) in result["checks"].items() if not ok] in ([], ["TTFT stable"]), \
         (result["checks"], result["problems"][:5])
+
+
+def test_the_latency_table_compares_the_first_and_the_last_ten_minutes():
+    """Nearest-rank percentiles of the requests that arrived in each window: an hour of points, the first ten
+    minutes at 100-199 ms and the last ten at 300-399 ms (the middle elsewhere), so each window's p50 and p99 are
+    known by hand; a run of 15 minutes compares its first and last five."""
+    ttfts = [(t * 1.0, 0.1 + (t % 100) / 1000) for t in range(0, 600)]
+    ttfts += [(t * 1.0, 0.2) for t in range(600, 3000)] + [(t * 1.0, 0.3 + (t % 100) / 1000) for t in range(3000, 3601)]
+    w = report.windows(ttfts, 3600.0)
+    assert len(w["first"]) == 600 and len(w["last"]) == 601 and max(w["first"]) < 0.2 and min(w["last"]) >= 0.3
+    assert report.percentile(w["first"], 50) == pytest.approx(0.149)
+    assert report.percentile(w["first"], 99) == pytest.approx(0.198)
+    assert report.percentile([1.0, 2.0, 3.0], 99) == 3.0 and report.percentile([5.0], 50) == 5.0
+    assert len(report.windows([(t * 1.0, 0.1) for t in range(900)], 900.0)["first"]) == 300
+    rows = report.latency_table(ttfts, ttfts).row_count
+    assert rows == 4

@@ -100,7 +100,8 @@ def run_soak(args, console: Console | None = None) -> dict:
             stop.set()
     result = verdict(samples, traffic.outcomes, traffic.ttfts, args.minutes, tuple(args.in_flight))
     result |= {"samples": samples, "counts": traffic.counts, "outcomes": traffic.outcomes,
-               "problems": traffic.problems, "ttfts": traffic.ttfts, "xray_steps_seen": seen[0],
+               "problems": traffic.problems, "ttfts": traffic.ttfts, "latencies": traffic.latencies,
+               "xray_steps_seen": seen[0],
                "settings": vars(args) | {"machine": os.uname().nodename}}
     return result
 
@@ -114,6 +115,7 @@ def main(argv=None) -> None:
     result = run_soak(args, console)
     console.print(report.kinds_table(result["counts"]))
     console.print(report.verdict_table(result))
+    console.print(report.latency_table(result["ttfts"], result["latencies"]))
     for p in result["problems"][:10]:
         console.print(f"  [red]{p}[/]")
     console.print(f"X-ray viewer saw {result['xray_steps_seen']:,} steps")

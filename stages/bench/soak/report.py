@@ -2,6 +2,8 @@
 sampled series over time (``--plot``)."""
 from __future__ import annotations
 
+import math
+
 from rich.table import Table
 
 
@@ -36,6 +38,32 @@ def kinds_table(counts: dict[str, dict[str, int]]) -> Table:
     for kind, c in counts.items():
         t.add_row(kind, *(str(c.get(o, 0)) for o in outcomes))
     t.add_row("all", *(str(sum(c.get(o, 0) for c in counts.values())) for o in outcomes))
+    return t
+
+
+def windows(points: list[tuple[float, float]], span: float) -> dict[str, list[float]]:
+    """The values of (arrival, seconds) points that arrived in the run's first and last ten minutes (a third of the
+    run each where it is shorter than half an hour): the issue's "first vs last ten minutes", warm-up included."""
+    width = min(600.0, span / 3)
+    return {"first": [v for t, v in points if t < width], "last": [v for t, v in points if t >= span - width]}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile (no interpolation: a value some request really saw)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def latency_table(ttfts: list[tuple[float, float]], latencies: list[tuple[float, float]]) -> Table:
+    span = max((t for t, _ in ttfts + latencies), default=0.0)  # the last arrival (warm-up included)
+    width = min(600.0, span / 3)
+    t = Table(title=f"latency, the first vs the last {width / 60:.1f} minutes (ms)")
+    for col in ("series", "window", "requests", "p50", "p90", "p99"):
+        t.add_column(col, justify="right")
+    for name, points in (("TTFT (streamed)", ttfts), ("whole answer", latencies)):
+        for window, values in windows(points, span).items():
+            cells = [f"{percentile(values, q) * 1e3:.0f}" for q in (50, 90, 99)] if values else ["-"] * 3
+            t.add_row(name, window, str(len(values)), *cells)
     return t
 
 
