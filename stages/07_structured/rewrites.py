@@ -22,6 +22,7 @@ from urllib.parse import unquote
 
 from . import formats
 from .allof import merge_all_of, pattern_overlap
+from .distribute import distribute_values
 from .drafts import draft_of, to_2020
 from .keywords import REFUSED, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, is_annotation
 from .negation import without_dependencies, without_if, without_not, without_unique_items
@@ -153,7 +154,7 @@ class Walk:
             self.out.checked += [f"'uniqueItems' at #{ptr}"] if wider else []
         if "anyOf" in out and "type" in out:
             out = implied_type(out, lambda ref: resolve(self.root, ref))
-        return out
+        return distribute_values(out) if "anyOf" in out and "properties" in out else out
 
     def checked(self, out: dict, keys: tuple, ptr: str) -> dict:
         """``out`` without ``keys``, each listed for the check of the finished output (checked.py)."""

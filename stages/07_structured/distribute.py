@@ -1,0 +1,59 @@
+"""A property with a long list of values beside an ``anyOf`` whose branches narrow it: the list filtered per branch.
+
+Schema Store's Azure Pipelines schema says "a task is one of 238 names" (``properties.task`` an ``anyOf`` of one-name
+``enum``s) and, beside it, ``anyOf`` 238 branches, each "this task name (a ``pattern``), with these inputs".
+llguidance meets ``anyOf`` beside other keywords by intersecting each branch with them, and two lists intersect
+pair by pair: 238 branches x 238 names passed its limit of 50,000 steps ("schema too large"), and xgrammar, given
+it instead, took 10-40 s. Written out, the schema says the same thing in 238 small pieces: each branch's ``task``
+is the names of the list that meet the branch's own ``task`` (one name here), a branch that does not name the
+property gets the whole list, and the property beside the branches is left free (``{}``: still listed, so an
+``additionalProperties`` beside it reads the same). Exact: an instance meets a branch and the list iff it meets the
+branch and the list, whichever branch; checked against ``jsonschema`` in tests/test_structured_checked.py.
+"""
+from __future__ import annotations
+
+import json
+
+MIN_VALUES = 16  # shorter lists intersect cheaply; the schema is left as written
+
+
+def finite_values(schema) -> list | None:
+    """The values a schema allows when it lists them (``enum``, ``const``, an ``anyOf`` of such), else None."""
+    if not isinstance(schema, dict) or not schema or set(schema) - {"enum", "const", "anyOf"} or len(schema) > 1:
+        return None
+    if "enum" in schema:
+        return list(schema["enum"]) if isinstance(schema["enum"], list) else None
+    if "const" in schema:
+        return [schema["const"]]
+    branches = [finite_values(b) for b in schema["anyOf"]] if isinstance(schema["anyOf"], list) else [None]
+    return None if any(b is None for b in branches) else [v for b in branches for v in b]
+
+
+def distribute_values(out: dict) -> dict:
+    """``out`` with each listed property that its ``anyOf`` branches narrow moved into the branches (see above)."""
+    for name, schema in list(out.get("properties", {}).items()):
+        values = finite_values(schema)
+        if values is not None and len(values) >= MIN_VALUES:
+            out = into_branches(out, name, values) or out
+    return out
+
+
+def into_branches(out: dict, name: str, values: list) -> dict | None:
+    from jsonschema import Draft202012Validator
+    branches = out["anyOf"]
+    if not isinstance(branches, list) or not all(isinstance(b, dict) and "$ref" not in b for b in branches):
+        return None
+    if not any(name in b.get("properties", {}) for b in branches):
+        return None  # no branch narrows it: nothing to gain
+    moved = []
+    for b in branches:
+        own = b.get("properties", {}).get(name)
+        if own is None and ({"additionalProperties", "unevaluatedProperties"} & b.keys()):
+            return None  # listing the property in this branch would change what its additionalProperties allows
+        if own is not None and "$ref" in json.dumps(own):
+            return None
+        kept = values if own is None else [v for v in values if Draft202012Validator(own).is_valid(v)]
+        if not kept:
+            return None
+        moved.append({**b, "properties": {**b.get("properties", {}), name: {"enum": kept}}})
+    return {**out, "properties": {**out["properties"], name: {}}, "anyOf": moved}
