@@ -22,6 +22,10 @@ LISTED = {"type": "object", "required": ["a"],
           "properties": {"a": {"anyOf": [{"enum": list(range(10))}, {"enum": [*range(10, 19), "x"]}]}, "b": {}},
           "anyOf": [{"properties": {"a": {"minimum": 15}}, "required": ["b"]},
                     {"properties": {"a": {"maximum": 3}, "c": {"type": "string"}}}, {"properties": {"k": {}}}]}
+MAP_OF_D = {"$defs": {"d": {"type": "object", "properties": {"a": {"type": "integer"}}}},  # JReleaser's shape
+            "allOf": [{"type": "object", "additionalProperties": {"$ref": "#/$defs/d"},
+                       "patternProperties": {"^[ab]$": {"$ref": "#/$defs/d"}}},
+                      {"additionalProperties": {"$ref": "#/$defs/d"}, "type": ["object", "null"]}]}
 REWRITTEN = [
     {"type": "object", "dependentRequired": {"a": ["b"], "c": ["b", "k"]}},
     {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
@@ -49,6 +53,9 @@ REWRITTEN = [
     {"anyOf": [{"not": {"properties": {"a": {}}, "required": ["a"]}}, {"not": {"required": ["b"]}}]},
     {"$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}, "a": {"type": "integer"}}}},
      "allOf": [{"$ref": "#/$defs/t"}, {"properties": {"a": {"maximum": 3}, "k": {"required": ["b"]}}}]},
+    MAP_OF_D,
+    {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+               {"additionalProperties": {"type": ["string", "integer"]}}]},  # values differ: left as allOf
     LISTED,  # a long list of values beside branches that narrow it (distribute.py)
     {**LISTED, "anyOf": [*LISTED["anyOf"], {"properties": {"b": {}}, "additionalProperties": False}]},
 ]
@@ -69,6 +76,11 @@ def test_a_rewritten_schema_accepts_exactly_what_the_original_does(schema, value
     assert not {"dependentRequired", "dependentSchemas", "oneOf"} & set(json.dumps(cleaned).replace('"', " ").split())
     assert "propertyNames" not in cleaned or "properties" in schema  # the one form left as it is, last above
     assert valid(schema, value) == valid(cleaned, value), (schema, cleaned, value)
+
+
+def test_a_map_of_d_and_every_value_a_d_merge_into_one_map():
+    """S and S is S: merged, llguidance never intersects S with itself (JReleaser: 1.8 s to compile, 0.14 s)."""
+    assert rewrites.clean(MAP_OF_D, "guidance").schema == {**MAP_OF_D["allOf"][0], "$defs": MAP_OF_D["$defs"]}
 
 
 def test_a_long_list_beside_branches_that_narrow_it_compiles_in_llguidance_once_distributed(grammars):
