@@ -26,6 +26,9 @@ MAP_OF_D = {"$defs": {"d": {"type": "object", "properties": {"a": {"type": "inte
             "allOf": [{"type": "object", "additionalProperties": {"$ref": "#/$defs/d"},
                        "patternProperties": {"^[ab]$": {"$ref": "#/$defs/d"}}},
                       {"additionalProperties": {"$ref": "#/$defs/d"}, "type": ["object", "null"]}]}
+NEVER = {"type": "object", "properties": {"k": {"type": "array", "items": {"$ref": "#/$defs/s"}}, "a": {}},
+         "$defs": {"s": {"type": "object", "properties": {"a": {}}, "additionalProperties": False,  # TYPO3's shape
+                         "anyOf": [{"required": ["b"]}, {"required": ["c"]}]}}}  # if/then/else, as rewritten
 REWRITTEN = [
     {"type": "object", "dependentRequired": {"a": ["b"], "c": ["b", "k"]}},
     {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
@@ -54,6 +57,7 @@ REWRITTEN = [
     {"$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}, "a": {"type": "integer"}}}},
      "allOf": [{"$ref": "#/$defs/t"}, {"properties": {"a": {"maximum": 3}, "k": {"required": ["b"]}}}]},
     MAP_OF_D,
+    NEVER,
     {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
                {"additionalProperties": {"type": ["string", "integer"]}}]},  # values differ: left as allOf
     LISTED,  # a long list of values beside branches that narrow it (distribute.py)
@@ -81,6 +85,20 @@ def test_a_rewritten_schema_accepts_exactly_what_the_original_does(schema, value
 def test_a_map_of_d_and_every_value_a_d_merge_into_one_map():
     """S and S is S: merged, llguidance never intersects S with itself (JReleaser: 1.8 s to compile, 0.14 s)."""
     assert rewrites.clean(MAP_OF_D, "guidance").schema == {**MAP_OF_D["allOf"][0], "$defs": MAP_OF_D["$defs"]}
+
+
+def test_an_object_that_requires_what_it_forbids_is_false_and_llguidance_compiles_the_rest(grammars):
+    """llguidance refuses the schema whole ("unsatisfiable") though only an optional list's items are impossible;
+    written false, it compiles, and the list can only be empty."""
+    import llguidance as llg
+    matcher = llg.LLMatcher(grammars.guidance, llg.LLMatcher.grammar_from_json_schema(NEVER), log_level=0)
+    assert "nsatisfiable" in matcher.get_error()
+    assert rewrites.clean(NEVER, "guidance").schema["properties"]["k"]["items"] is False
+    grammar = grammars.build(StructuredOutputsParams(json=NEVER, disable_any_whitespace=True), "guidance")
+    tokenizer = grammars.guidance
+    for value in ({"k": []}, {"k": [{"a": 1, "b": 2}]}):
+        m = grammar.matcher()
+        assert all(m.accept(t) for t in tokenizer.tokenize_str(json.dumps(value))) == valid(NEVER, value), value
 
 
 def test_a_long_list_beside_branches_that_narrow_it_compiles_in_llguidance_once_distributed(grammars):
