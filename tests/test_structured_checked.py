@@ -13,22 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema.validators import validator_for
 
-from common.sampling import StructuredOutputsParams
-
 pytest.importorskip("llguidance")
 rewrites = importlib.import_module("stages.structured.rewrites")
 
-LISTED = {"type": "object", "required": ["a"],
-          "properties": {"a": {"anyOf": [{"enum": list(range(10))}, {"enum": [*range(10, 19), "x"]}]}, "b": {}},
-          "anyOf": [{"properties": {"a": {"minimum": 15}}, "required": ["b"]},
-                    {"properties": {"a": {"maximum": 3}, "c": {"type": "string"}}}, {"properties": {"k": {}}}]}
-MAP_OF_D = {"$defs": {"d": {"type": "object", "properties": {"a": {"type": "integer"}}}},  # JReleaser's shape
-            "allOf": [{"type": "object", "additionalProperties": {"$ref": "#/$defs/d"},
-                       "patternProperties": {"^[ab]$": {"$ref": "#/$defs/d"}}},
-                      {"additionalProperties": {"$ref": "#/$defs/d"}, "type": ["object", "null"]}]}
-NEVER = {"type": "object", "properties": {"k": {"type": "array", "items": {"$ref": "#/$defs/s"}}, "a": {}},
-         "$defs": {"s": {"type": "object", "properties": {"a": {}}, "additionalProperties": False,  # TYPO3's shape
-                         "anyOf": [{"required": ["b"]}, {"required": ["c"]}]}}}  # if/then/else, as rewritten
 REWRITTEN = [
     {"type": "object", "dependentRequired": {"a": ["b"], "c": ["b", "k"]}},
     {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
@@ -56,12 +43,6 @@ REWRITTEN = [
     {"anyOf": [{"not": {"properties": {"a": {}}, "required": ["a"]}}, {"not": {"required": ["b"]}}]},
     {"$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}, "a": {"type": "integer"}}}},
      "allOf": [{"$ref": "#/$defs/t"}, {"properties": {"a": {"maximum": 3}, "k": {"required": ["b"]}}}]},
-    MAP_OF_D,
-    NEVER,
-    {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
-               {"additionalProperties": {"type": ["string", "integer"]}}]},  # values differ: left as allOf
-    LISTED,  # a long list of values beside branches that narrow it (distribute.py)
-    {**LISTED, "anyOf": [*LISTED["anyOf"], {"properties": {"b": {}}, "additionalProperties": False}]},
 ]
 VALUES = st.recursive(st.none() | st.booleans() | st.integers(-3, 40) | st.sampled_from(["", "x", "yy", "zzz"]),
                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abck"), inner,
@@ -80,47 +61,6 @@ def test_a_rewritten_schema_accepts_exactly_what_the_original_does(schema, value
     assert not {"dependentRequired", "dependentSchemas", "oneOf"} & set(json.dumps(cleaned).replace('"', " ").split())
     assert "propertyNames" not in cleaned or "properties" in schema  # the one form left as it is, last above
     assert valid(schema, value) == valid(cleaned, value), (schema, cleaned, value)
-
-
-def test_a_map_of_d_and_every_value_a_d_merge_into_one_map():
-    """S and S is S: merged, llguidance never intersects S with itself (JReleaser: 1.8 s to compile, 0.14 s)."""
-    assert rewrites.clean(MAP_OF_D, "guidance").schema == {**MAP_OF_D["allOf"][0], "$defs": MAP_OF_D["$defs"]}
-
-
-def test_an_object_that_requires_what_it_forbids_is_false_and_llguidance_compiles_the_rest(grammars):
-    """llguidance refuses the schema whole ("unsatisfiable") though only an optional list's items are impossible;
-    written false, it compiles, and the list can only be empty."""
-    import llguidance as llg
-    matcher = llg.LLMatcher(grammars.guidance, llg.LLMatcher.grammar_from_json_schema(NEVER), log_level=0)
-    assert "nsatisfiable" in matcher.get_error()
-    assert rewrites.clean(NEVER, "guidance").schema["properties"]["k"]["items"] is False
-    grammar = grammars.build(StructuredOutputsParams(json=NEVER, disable_any_whitespace=True), "guidance")
-    tokenizer = grammars.guidance
-    for value in ({"k": []}, {"k": [{"a": 1, "b": 2}]}):
-        m = grammar.matcher()
-        assert all(m.accept(t) for t in tokenizer.tokenize_str(json.dumps(value))) == valid(NEVER, value), value
-
-
-def test_a_long_list_beside_branches_that_narrow_it_compiles_in_llguidance_once_distributed(grammars):
-    """240 names and 240 branches, each naming one (Schema Store's Azure Pipelines schema has 238): llguidance
-    intersects them pair by pair and refuses the schema as written ("schema too large"); distributed, it compiles and
-    enforces it (a matcher takes a branch's own name and inputs, and refuses another branch's name with them)."""
-    import llguidance as llg
-    names = [f"t{i}" for i in range(240)]
-    inputs = [{"properties": {n: {"type": "integer"}}, "additionalProperties": False} for n in names]
-    schema = {"type": "object", "properties": {"task": {"anyOf": [{"enum": [n]} for n in names]}, "inputs": {}},
-              "anyOf": [{"properties": {"task": {"pattern": f"^{n}$"}, "inputs": i}} for n, i in zip(names, inputs)],
-              "required": ["task"], "additionalProperties": False}
-    matcher = llg.LLMatcher(grammars.guidance, llg.LLMatcher.grammar_from_json_schema(schema), log_level=0)
-    assert "schema too large" in matcher.get_error()
-    cleaned = rewrites.clean(schema, "guidance").schema
-    assert cleaned["properties"]["task"] == {} and cleaned["anyOf"][7]["properties"]["task"] == {"enum": ["t7"]}
-    grammar = grammars.build(StructuredOutputsParams(json=schema, disable_any_whitespace=True), "guidance")
-    tokenizer = grammars.guidance
-    for value, ok in (({"task": "t7", "inputs": {"t7": 5}}, True), ({"task": "t7", "inputs": {"t8": 5}}, False)):
-        m, text = grammar.matcher(), json.dumps(value)  # the compact spelling: {"a": 1, "b": 2}
-        taken = all(m.accept(t) for t in tokenizer.tokenize_str(text))
-        assert taken == ok == valid(schema, value), text
 
 
 CHECKED = [  # (schema, the keyword checked at the end)

@@ -29,13 +29,39 @@ def finite_values(schema) -> list | None:
     return None if any(b is None for b in branches) else [v for b in branches for v in b]
 
 
-def distribute_values(out: dict) -> dict:
-    """``out`` with each listed property that its ``anyOf`` branches narrow moved into the branches (see above)."""
+def distribute_values(out: dict, walk=None) -> dict:
+    """``out`` with each listed property that its ``anyOf`` branches narrow moved into the branches (see above);
+    for llguidance, the properties a branch repeats word for word left to the branch (`repeated_in_branches`)."""
     for name, schema in list(out.get("properties", {}).items()):
         values = finite_values(schema)
         if values is not None and len(values) >= MIN_VALUES:
             out = into_branches(out, name, values) or out
+    if walk is not None and walk.backend == "guidance" and "$ref" in json.dumps(out["properties"]):
+        out = repeated_in_branches(out, lambda ref: walk.target(ref, 0)) or out
     return out
+
+
+def repeated_in_branches(out: dict, target) -> dict | None:
+    """AnyChart's ``chart``: its properties (``background``, ``title``: references to large definitions) beside
+    ``anyOf`` eleven chart types, most of which list the same properties with the same schemas. llguidance
+    intersects each branch with the properties beside it, and a reference with a reference is the intersection of
+    their whole trees ("schema too large"). A property a branch has word for word needs no intersection there
+    (S and S is S): each branch gets, as an ``allOf`` beside it, only the properties it does not repeat, and the
+    properties beside the branches are left free (``{}``, still listed). For llguidance only: xgrammar refuses an
+    ``allOf`` it cannot merge."""
+    props, branches = out["properties"], out["anyOf"]
+    if not isinstance(branches, list) or not all(isinstance(b, dict) for b in branches):
+        return None
+    moved, repeated = [], 0
+    for b in branches:
+        t = target(b["$ref"]) if set(b) == {"$ref"} and isinstance(b["$ref"], str) else b
+        own = t.get("properties") if isinstance(t, dict) and isinstance(t.get("properties"), dict) else {}
+        rest = {name: s for name, s in props.items() if own.get(name) != s}
+        repeated += len(props) - len(rest)
+        moved.append({"allOf": [b, {"properties": rest}]} if rest else b)
+    if not repeated:
+        return None
+    return {**out, "properties": {name: {} for name in props}, "anyOf": moved}
 
 
 def into_branches(out: dict, name: str, values: list) -> dict | None:

@@ -155,7 +155,7 @@ class Walk:
         if "anyOf" in out and "type" in out:
             out = implied_type(out, lambda ref: resolve(self.root, ref))
         return False if ptr and never_valid(out) else \
-            distribute_values(out) if "anyOf" in out and "properties" in out else out
+            distribute_values(out, self) if "anyOf" in out and "properties" in out else out
 
     def checked(self, out: dict, keys: tuple, ptr: str) -> dict:
         """``out`` without ``keys``, each listed for the check of the finished output (checked.py)."""
