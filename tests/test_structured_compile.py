@@ -92,3 +92,25 @@ def test_a_compile_past_its_budget_fails_its_request_alone_and_is_then_served_fr
 def test_a_compile_budget_that_does_not_read_is_refused_naming_it(budget):
     with pytest.raises(InvalidParam, match="grammar_compile_budget_s"):
         structured.LLM("tiny", grammar_compile_budget_s=budget)
+
+
+def test_through_the_server_a_compile_past_its_budget_is_a_400_and_a_request_beside_it_is_served(monkeypatch,
+                                                                                               reference):
+    import httpx
+    from workloads import Server
+    llm, _, release, _ = held_llm(monkeypatch, budget_s=0.2, cache_mb=11)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "JSON"}], "max_tokens": 12, "temperature": 0}
+    try:
+        with Server(llm, "tiny") as s, httpx.Client(timeout=60) as http:
+            r = http.post(s.url + "/v1/chat/completions", json={**body, "structured_outputs": {"json": SLOW}})
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "structured_outputs" and "too complex to compile in 0.2 s" in err["message"]
+            ok = http.post(s.url + "/v1/chat/completions", json={**body, "structured_outputs": {"regex": "[a-z]{3,8}"}})
+            assert ok.status_code == 200, ok.text
+            prompt = llm.tokenizer.encode_chat(body["messages"])
+            assert ok.json()["choices"][0]["message"]["content"] == reference.generate(
+                [prompt], SamplingParams(temperature=0, max_tokens=12, structured_outputs={"regex": "[a-z]{3,8}"}))[
+                0].outputs[0].text
+    finally:
+        release.set()
