@@ -35,7 +35,12 @@ REPEATED = {"$defs": {"d": {"type": "integer", "maximum": 9},  # AnyChart's shap
                             "required": ["b"]}, "y": {"type": "object", "properties": {"a": {"$ref": "#/$defs/d"}}}},
             "type": "object", "properties": {"a": {"$ref": "#/$defs/d"}, "b": {"type": "string", "maxLength": 2}},
             "anyOf": [{"$ref": "#/$defs/x"}, {"$ref": "#/$defs/y"}, {"properties": {"c": {"type": "integer"}}}]}
-SHAPES = [MAP_OF_D, NEVER, REPEATED, LISTED,
+LOOP = {"$defs": {"a": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "anyOf": [{"$ref": "#/$defs/b"}]},
+                  "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}, "b": {
+                      "type": "object", "properties": {"a": {"$ref": "#/$defs/a"}},
+                      "anyOf": [{"$ref": "#/$defs/a"}]}}}},
+        "$ref": "#/$defs/a"}  # cleaning a's branch b reaches a node whose branch is a again
+SHAPES = [MAP_OF_D, NEVER, REPEATED, LISTED, LOOP,
           {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
                       "additionalProperties": {"type": "string"}},
                      {"additionalProperties": {"type": ["string", "integer"]}}]},  # values differ: left as allOf

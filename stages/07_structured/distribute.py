@@ -13,6 +13,7 @@ branch and the list, whichever branch; checked against ``jsonschema`` in tests/t
 from __future__ import annotations
 
 import json
+import threading
 
 MIN_VALUES = 16  # shorter lists intersect cheaply; the schema is left as written
 
@@ -37,8 +38,27 @@ def distribute_values(out: dict, walk=None) -> dict:
         if values is not None and len(values) >= MIN_VALUES:
             out = into_branches(out, name, values) or out
     if walk is not None and walk.backend == "guidance" and "$ref" in json.dumps(out["properties"]):
-        out = repeated_in_branches(out, lambda ref: walk.target(ref, 0)) or out
+        out = repeated_in_branches(out, lambda ref: cleaned_target(walk, ref)) or out
     return out
+
+
+RESOLVING = threading.local()  # this thread's walk, its targets cleaned so far, and those being cleaned now
+
+
+def cleaned_target(walk, ref: str):
+    """The target of ``ref`` as the walk cleans it, cleaned once per walk; None while it is being cleaned (a
+    recursive definition reached again: its branches are then left as written)."""
+    if getattr(RESOLVING, "walk", None) is not walk:
+        RESOLVING.walk, RESOLVING.done, RESOLVING.busy = walk, {}, set()
+    if ref in RESOLVING.busy:
+        return None
+    if ref not in RESOLVING.done:
+        RESOLVING.busy.add(ref)
+        try:
+            RESOLVING.done[ref] = walk.target(ref, 0)
+        finally:
+            RESOLVING.busy.discard(ref)
+    return RESOLVING.done[ref]
 
 
 def repeated_in_branches(out: dict, target) -> dict | None:
@@ -55,6 +75,8 @@ def repeated_in_branches(out: dict, target) -> dict | None:
     moved, repeated = [], 0
     for b in branches:
         t = target(b["$ref"]) if set(b) == {"$ref"} and isinstance(b["$ref"], str) else b
+        if t is None:
+            return None
         own = t.get("properties") if isinstance(t, dict) and isinstance(t.get("properties"), dict) else {}
         rest = {name: s for name, s in props.items() if own.get(name) != s}
         repeated += len(props) - len(rest)
