@@ -65,6 +65,7 @@ class StructuredOutputsConfig:
     backend: str = "auto"  # 'auto', 'xgrammar', 'guidance' (llguidance) or 'fsm' (the hand-written automaton)
     num_forced_tokens: int = 16  # the most tokens a grammar may force into one step of a request (0: none)
     grammar_cache_bytes: int = 256 * 2**20  # compiled grammars kept, least recently used out first (grammar_cache.py)
+    compile_budget_s: float = 2.0  # a grammar not compiled by then fails its request alone (compile_budget.py)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ class EngineConfig:
                enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, enable_preemption: bool = True,
                fused_attention: bool = False, max_waiting: int = 256, speculative_config=None,
                num_forced_tokens: int = 16, structured_outputs_config: dict | None = None,
-               structured_outputs_backend: str | None = None, grammar_cache_mb: float = 256) -> EngineConfig:
+               structured_outputs_backend: str | None = None, grammar_cache_mb: float = 256,
+               grammar_compile_budget_s: float = 2.0) -> EngineConfig:
         """Check every option (a wrong one raises `InvalidParam` naming it) and resolve the model's folder and
         context; the weights are not read."""
         if max_model_len is not None:
@@ -108,6 +110,11 @@ class EngineConfig:
                 not 0 < grammar_cache_mb <= 2**20:
             raise InvalidParam("grammar_cache_mb", f"grammar_cache_mb={clip(grammar_cache_mb)} is invalid: give the "
                                                    "MiB of compiled grammars to keep, > 0")
+        if isinstance(grammar_compile_budget_s, bool) or not isinstance(grammar_compile_budget_s, (int, float)) or \
+                not 0 < grammar_compile_budget_s <= 3600:
+            raise InvalidParam("grammar_compile_budget_s",
+                               f"grammar_compile_budget_s={clip(grammar_compile_budget_s)} is invalid: give the "
+                               "seconds a grammar may take to compile, > 0 and <= 3600")
         speculative = SpeculativeConfig.parse(speculative_config)
         if speculative is not None:
             speculative.check_budget(max_num_batched_tokens)
@@ -121,7 +128,8 @@ class EngineConfig:
                    SchedulerConfig(max_num_seqs, max_num_batched_tokens, context, enable_chunked_prefill,
                                    enable_preemption, max_waiting),
                    cache, speculative, StructuredOutputsConfig(backend, num_forced_tokens,
-                                                            int(grammar_cache_mb * 2**20)))
+                                                            int(grammar_cache_mb * 2**20),
+                                                            float(grammar_compile_budget_s)))
 
 
 BACKENDS = ("auto", "xgrammar", "guidance", "fsm")  # vLLM's names (its "guidance" is llguidance)

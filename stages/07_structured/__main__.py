@@ -34,6 +34,9 @@ def main(argv=None) -> None:
     ap.add_argument("--num-forced-tokens", type=int, default=16, help="most forced tokens fed in one step (0: none)")
     ap.add_argument("--grammar-cache-mb", type=float, default=256,
                     help="compiled grammars kept, MiB (least recently used out first; grammar_cache.py)")
+    ap.add_argument("--grammar-compile-budget-s", type=float, default=2.0,
+                    help="seconds a grammar may take to compile; past them its request fails alone (coverage: "
+                         "a slower compile is counted refused)")
     ap.add_argument("--in-flight", default="1,64", help="demo: the in-flight limits the time per token is taken at")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
     ap.add_argument("--structured-outputs-config.backend", dest="backend", default="auto",
@@ -76,7 +79,7 @@ def make_llm(args, **changes) -> LLM:
     """This stage's engine with the command line's options (``changes``: another in-flight limit, no forced tokens)."""
     options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
                    num_forced_tokens=args.num_forced_tokens, structured_outputs_config={"backend": args.backend},
-                   grammar_cache_mb=args.grammar_cache_mb)
+                   grammar_cache_mb=args.grammar_cache_mb, grammar_compile_budget_s=args.grammar_compile_budget_s)
     if getattr(args, "speculative_config", None):
         options["speculative_config"] = args.speculative_config
     return LLM(args.model, **{**options, **changes})

@@ -47,6 +47,9 @@ def merge(parts: list[dict], resolve, depth: int = 0) -> dict:
     if depth > MAX_REFS:
         raise CannotMerge
     owners = [p for p in parts if any(k in p for k in OTHERS)]
+    if len(owners) == 2:
+        parts = [p for p in parts if p not in owners] + every_value(*owners)
+        owners = [p for p in parts if any(k in p for k in OTHERS)]
     if len(owners) > 1:
         raise CannotMerge
     if owners:
@@ -77,6 +80,24 @@ def merge(parts: list[dict], resolve, depth: int = 0) -> dict:
     if "allOf" in out:
         raise CannotMerge
     return out
+
+
+def every_value(a: dict, b: dict) -> list[dict]:
+    """Two parts that both speak of other properties, where one says only "every property's value meets S"
+    (``additionalProperties`` S, no ``properties`` or patterns) and every value schema of the other is S too
+    (JReleaser's ``distributions``: a map of ``Distribution`` and "every value a ``Distribution``"): S and S is S, so
+    the other part with ``additionalProperties`` S says both; the first part's other keywords (``type``) stay a part
+    of their own. Else `CannotMerge` (llguidance would intersect S with itself, a copy of S's whole tree each time)."""
+    for every, other in ((a, b), (b, a)):
+        s = every.get("additionalProperties")
+        if s is None or {"properties", "patternProperties", "propertyNames", "unevaluatedProperties"} & every.keys():
+            continue
+        values = [*(other.get("properties") or {}).values(), *(other.get("patternProperties") or {}).values()]
+        if all(v == s for v in values) and other.get("additionalProperties", s) == s and \
+                not {"propertyNames", "unevaluatedProperties"} & other.keys():
+            rest = {k: v for k, v in every.items() if k != "additionalProperties"}
+            return [{**other, "additionalProperties": s}, rest]
+    raise CannotMerge
 
 
 def both(a, b, resolve, depth: int = 0):

@@ -26,6 +26,7 @@ from .regex import Unsupported, literal, parse
 from .backend_guidance import compile_guidance, guidance_tokenizer
 from .backend_xgrammar import compile_xgrammar, xgrammar_compiler
 from .checked import with_check
+from .compile_budget import CompileBudget
 from .rewrites import Refused
 from .schema_check import xgrammar_reason
 from .vocab import token_bytes
@@ -126,6 +127,7 @@ class Grammars:
         self.folder, self.vocab_size, self.eos_ids = folder, vocab_size, list(eos_ids)
         self.vocab = token_bytes(folder, vocab_size)
         self.cache = GrammarCache(cache_bytes)
+        self.budget = CompileBudget()  # compiles in flight, each waited for at most a budget of seconds
 
     @functools.cached_property
     def trie(self) -> Trie:
@@ -139,12 +141,16 @@ class Grammars:
     def guidance(self):
         return guidance_tokenizer(self.folder, self.vocab_size, self.eos_ids)
 
-    def compile(self, so: StructuredOutputsParams, backend: str = "auto"):
+    def compile(self, so: StructuredOutputsParams, backend: str = "auto", budget_s: float | None = None):
         """The compiled constraint (cached, bounded in bytes: grammar_cache.py); `InvalidParam` with the reason when
-        it cannot be enforced."""
+        it cannot be enforced, or when it is not compiled within ``budget_s`` seconds (compile_budget.py)."""
         key = (so.kind, json.dumps(so.schema, sort_keys=True) if so.kind == "json" else repr(getattr(so, so.kind)),
                so.disable_any_whitespace, backend)
-        return self.cache.get(key, lambda: self.build(so, backend))
+        work = functools.partial(self.cache.get, key, lambda: self.build(so, backend))
+        if budget_s is None:
+            return work()
+        hit = self.cache.lookup(key)
+        return hit if hit is not None else self.budget.run(key, work, budget_s, so.kind)
 
     def build(self, so: StructuredOutputsParams, backend: str = "auto"):
         """The one compile entry: ``backend`` "fsm", "xgrammar", "guidance", or "auto" (the hand-written automaton

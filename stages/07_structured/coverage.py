@@ -23,6 +23,7 @@ from common.sampling import StructuredOutputsParams
 from common.validate import InvalidParam
 
 from .backends import grammars_for
+from .compile_budget import too_slow_reason
 
 DATA = Path(__file__).with_name("data")
 BACKENDS = ("xgrammar", "guidance")
@@ -48,9 +49,11 @@ def reason_of(message: str) -> str:
     return re.sub(r"\d+", "N", tail)[:60]
 
 
-def compile_one(grammars, schema: dict, every: bool = True) -> dict:
+def compile_one(grammars, schema: dict, every: bool = True, budget_s: float | None = None) -> dict:
     """One schema through each backend: {backend: (ok, reason, ms)}, and ``auto`` as build() would choose
-    (``every`` False: xgrammar only where llguidance refuses, as ``auto`` does; its column then counts only those)."""
+    (``every`` False: xgrammar only where llguidance refuses, as ``auto`` does; its column then counts only those).
+    A compile longer than ``budget_s`` is counted refused, as the server refuses it (compile_budget.py); its time is
+    kept."""
     out = {"xgrammar": (False, "not tried", 0.0)}
     for backend in ("guidance", "xgrammar"):
         if backend == "xgrammar" and not every and out["guidance"][0]:
@@ -66,6 +69,9 @@ def compile_one(grammars, schema: dict, every: bool = True) -> dict:
         out[backend] = (ok, reason, (time.perf_counter() - start) * 1e3)
     x, g = out["xgrammar"], out["guidance"]  # auto's order for a schema (backends.AUTO_ORDER): llguidance first
     out["auto"] = g if g[0] else (x[0], x[1], x[2] + g[2])
+    if budget_s is not None:
+        out = {b: (False, too_slow_reason(budget_s), ms) if ok and ms > 1e3 * budget_s
+               else (ok, reason, ms) for b, (ok, reason, ms) in out.items()}
     return out
 
 
@@ -75,14 +81,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(folder: str, vocab_size: int, eos: tuple[int, ...], splits: dict, console: Console,
-        every: bool = True) -> dict:
+        every: bool = True, budget_s: float | None = None) -> dict:
     grammars = grammars_for(folder, vocab_size, eos)
     _ = grammars.guidance, grammars.compiler  # each backend's tokenizer built once, outside the compile times
     report = {"splits": {}, "schemas": {}}
     for split, schemas in splits.items():
         rows = {}
         for name, schema in schemas.items():
-            rows[name] = compile_one(grammars, schema, every)
+            rows[name] = compile_one(grammars, schema, every, budget_s)
         report["schemas"][split] = rows
         report["splits"][split] = summarize(rows)
         s = report["splits"][split]
@@ -99,10 +105,12 @@ def summarize(rows: dict) -> dict:
     for backend in (*BACKENDS, "auto"):
         results = [r[backend] for r in rows.values()]
         ms = [t for ok, _, t in results if ok]
+        tried = [t for _, _, t in results]  # served or not: the time a request waits for its answer
         out[backend] = {"served": sum(ok for ok, _, _ in results),
                         "checked": dict(Counter(reason for ok, reason, _ in results if ok and reason)),
                         "refused": dict(Counter(reason for ok, reason, _ in results if not ok).most_common()),
-                        "compile_ms_p50": percentile(ms, 0.5), "compile_ms_p99": percentile(ms, 0.99)}
+                        "compile_ms_p50": percentile(ms, 0.5), "compile_ms_p99": percentile(ms, 0.99),
+                        "tried_ms_p99": percentile(tried, 0.99), "tried_ms_max": max(tried, default=0.0)}
     return out
 
 
@@ -168,7 +176,8 @@ def main(args, make_llm, folder: str, vocab_size: int, eos: tuple[int, ...]) -> 
     splits = load(args.limit)
     if args.splits:
         splits = {s: v for s, v in splits.items() if s in args.splits.split(",")}
-    report = run(folder, vocab_size, eos, splits, console, every=not args.auto_only)
+    report = run(folder, vocab_size, eos, splits, console, every=not args.auto_only,
+                 budget_s=args.grammar_compile_budget_s)
     show(report, console)
     if args.generate:
         report["generate"] = generate(make_llm(args), splits, report, args.generate, args.max_tokens, console,

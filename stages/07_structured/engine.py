@@ -58,7 +58,7 @@ class StructuredOutputs:
         eos = tuple(sorted(request.eos_token_ids))
         options = self.engine_config.structured_outputs
         grammars = grammars_for(str(self.folder), self.config.vocab_size, eos, options.grammar_cache_bytes)
-        grammar = grammars.compile(so, options.backend)
+        grammar = grammars.compile(so, options.backend, options.compile_budget_s)  # off the engine's thread
         masking = params.allowed_token_ids is not None or bool(params.bad_words) or params.min_tokens > 0
         rule = GrammarConstraint(grammar.matcher(), list(eos), self.config.vocab_size, check_empty=masking)
         first = rule.mask()  # computed here, on the thread that prepares the request, and kept for its first step

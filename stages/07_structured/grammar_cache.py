@@ -70,6 +70,15 @@ class GrammarCache:
             self.evict()
         return grammar
 
+    def lookup(self, key):
+        """The grammar for ``key`` if it is kept (counted as a hit), else None (nothing counted)."""
+        with self.lock:
+            if key not in self.entries:
+                return None
+            self.entries.move_to_end(key)
+            self.hits += 1
+            return self.entries[key]
+
     def evict(self) -> None:
         sizes = {key: grammar_bytes(g) for key, g in self.entries.items()}
         total = sum(sizes.values())

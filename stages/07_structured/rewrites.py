@@ -2,10 +2,9 @@
 rewritten into ones the backends enforce exactly, or a `Refused` that names the keyword, its place and why.
 
 `clean` walks the schema once (subschema by subschema, so ``properties`` is read as names, never as keywords):
-- annotations and unknown keywords go (keywords.py), an unenforced ``format`` too (formats.py);
-- a node is read in its draft's meaning (drafts.py);
-- ``enum``/``const`` beside other keywords become the listed values that meet them (checked with ``jsonschema``, so
-  the backend's "exactly these values" is the schema's meaning);
+- annotations and unknown keywords go (keywords.py), an unenforced ``format`` too (formats.py); drafts (drafts.py);
+- ``enum``/``const`` beside other keywords become the listed values that meet them (``jsonschema`` checks them);
+  a long list beside ``anyOf`` branches is filtered into each (distribute.py); an object nothing meets is ``false``;
 - ``allOf`` is merged into its parent where the merge is exact (allof.py), ``oneOf`` becomes ``anyOf`` where no
   value can match two branches (oneof.py); dependencies, ``not``, ``if`` and ``uniqueItems`` (negation.py);
 - what a grammar cannot say (``oneOf`` whose branches may overlap, ``uniqueItems``, ``not``, ``if``) is given to
@@ -22,11 +21,13 @@ from urllib.parse import unquote
 
 from . import formats
 from .allof import merge_all_of, pattern_overlap
+from .distribute import distribute_values
 from .drafts import draft_of, to_2020
 from .keywords import REFUSED, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, is_annotation
 from .negation import without_dependencies, without_if, without_not, without_unique_items
 from .oneof import exclusive_required, follow, implied_type, one_of_as_any_of
 from .propnames import property_names
+from .unsatisfiable import false_refs, never_valid
 
 MAX_DEPTH = 64  # subschemas inside subschemas; JSONSchemaBench's deepest needs 30-some
 
@@ -153,7 +154,8 @@ class Walk:
             self.out.checked += [f"'uniqueItems' at #{ptr}"] if wider else []
         if "anyOf" in out and "type" in out:
             out = implied_type(out, lambda ref: resolve(self.root, ref))
-        return out
+        return False if ptr and never_valid(out) else \
+            distribute_values(out, self) if "anyOf" in out and "properties" in out else out
 
     def checked(self, out: dict, keys: tuple, ptr: str) -> dict:
         """``out`` without ``keys``, each listed for the check of the finished output (checked.py)."""
@@ -214,6 +216,7 @@ def clean(schema, backend: str, loose: bool = False) -> Cleaned:
     walk = Walk(schema, backend, loose)
     walk.out.schema = walk.node(schema, "", 1)
     walk.keep_referenced()
+    walk.out.schema = false_refs(walk.out.schema, resolve)  # unsatisfiable.py: llguidance takes false, not a $ref
     return walk.out
 
 
