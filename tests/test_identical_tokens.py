@@ -32,7 +32,7 @@ def one_load_per_model(monkeypatch):
     quantization: every argument of the load) is loaded at the first request and handed to the later ones: the
     reference and stages 01-03 share one `Llama`, stages 04-05 one `KernelLlama`, across every hypothesis example.
     Loading (quantizing, the row-tile check) was most of this file's time: about 1-3 s of the real model's per
-    engine against 0.3-0.7 s of generating (docs/measuring.md, round 4). A model is read-only once built (an
+    engine against 0.2-0.7 s of generating (docs/measuring.md, round 4). A model is read-only once built (an
     engine's KV cache, scheduler and runner are its own, built around it), so each stage still runs its own
     assembly on the weights a load of its own would give. A test's models go with it (memory: one precision)."""
     loaded, load = {}, engine_config.load_model
