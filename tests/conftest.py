@@ -43,6 +43,20 @@ def tiny_reference(tiny_folder):
 
 def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    share_cores()
+
+
+def share_cores() -> None:
+    """Under `make test`'s workers (pytest-xdist sets PYTEST_XDIST_WORKER_COUNT) each worker's torch takes its share
+    of the cores, and the commands its tests start inherit it (OMP_NUM_THREADS). torch's default, a thread per
+    core in every process, gives two workers two threads per core, and an OpenMP team waits on its slowest thread:
+    with one other process busy on one of two cores, the real model through the reference and five stages took
+    15-17 s on one thread and 114-148 s on two (docs/measuring.md, round 4). A thread count the user set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; a run without xdist never calls it

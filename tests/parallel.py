@@ -4,7 +4,8 @@ the files start slowest first, so that no worker is left idle behind one long fi
 the classic rule for splitting jobs between machines). Most slow tests wait on a child process (a build for another
 ISA, stage 04 under qemu, a server, Ray) or on I/O, so the other worker has a core to run on meanwhile.
 
-SLOW_FIRST is from `make test-profile` (pytest --durations) on the 2-core AVX-512 EPYC, 2026-12-06, slowest first;
+SLOW_FIRST is from `make test-profile` (pytest --durations) on the 2-core AVX-512 EPYC, 2026-12-06, slowest first
+(test_soak.py added and test_layout.py moved down on 2026-12-07, from the second run's file totals);
 a file not named runs after these, in collection order. Being wrong here costs time, never a check.
 """
 SLOW_FIRST = [
@@ -13,15 +14,16 @@ SLOW_FIRST = [
     "test_arm64.py",            # stage 04 under qemu-aarch64, twice
     "test_quant_cuda.py",       # the Triton path interpreted on CPU
     "test_oracle_hf.py",        # transformers on the real model
+    "test_soak.py",             # a one-minute soak of the stage 07 server (65.5 s of a second run, 2026-12-06)
     "test_quality.py",          # the real model's quality table, by its command
     "test_stages_01_02.py",
     "test_stage_04.py",
     "test_labs.py",
     "test_children.py",
     "test_identical_tokens.py",
-    "test_layout.py",           # the import graph, the house rules, every documented command's --help
     "test_stage_05_streaming.py",
     "test_stage_03_paged.py",
+    "test_layout.py",           # the import graph, the house rules, every --help (one process in quick: ~14 s)
     "test_peers.py",
     "test_edge.py",
     "test_ablation.py",

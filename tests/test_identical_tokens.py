@@ -3,12 +3,15 @@
 One hypothesis workload runs through the reference and every stage, with whatever the stage
 can vary (batch size, arrival order, KV budget small enough to preempt, block size, chunked
 prefill, prefix caching). A failure prints the smallest workload that breaks it.
+
+Every model an engine of this file asks for is loaded once per test and shared (`one_load_per_model`).
 """
 import importlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from common import engine_config
 from common.paths import DEFAULT_MODEL
 from common import ReferenceLLM, SamplingParams
 from workloads import TINY_VOCAB, checked_steps, examples, sampling_params
@@ -21,6 +24,26 @@ TINY_BYTES_PER_TOKEN = 512
 @pytest.fixture(scope="module")
 def reference():
     return ReferenceLLM("tiny", dtype="bfloat16")
+
+
+@pytest.fixture(autouse=True)
+def one_load_per_model(monkeypatch):
+    """Each model the engines of one test ask for (its folder, dtype, device, class, batch invariance and
+    quantization: every argument of the load) is loaded at the first request and handed to the later ones: the
+    reference and stages 01-03 share one `Llama`, stages 04-05 one `KernelLlama`, across every hypothesis example.
+    Loading (quantizing, the row-tile check) was most of this file's time: about 1-3 s of the real model's per
+    engine against 0.2-0.7 s of generating (docs/measuring.md, round 4). A model is read-only once built (an
+    engine's KV cache, scheduler and runner are its own, built around it), so each stage still runs its own
+    assembly on the weights a load of its own would give. A test's models go with it (memory: one precision)."""
+    loaded, load = {}, engine_config.load_model
+
+    def shared(*args):
+        if args not in loaded:
+            loaded[args] = load(*args)
+        return loaded[args]
+
+    monkeypatch.setattr(engine_config, "load_model", shared)
+    return loaded
 
 
 @st.composite
@@ -76,7 +99,7 @@ def test_every_stage_gives_the_reference_tokens(reference, workload):
 @pytest.mark.parametrize("dtype, quantization", [("bfloat16", None), ("float32", None), ("bfloat16", "int8"),
                                                   ("bfloat16", "int4"), ("bfloat16", "w4a8")])
 @pytest.mark.real_model
-def test_real_model_every_stage(dtype, quantization):
+def test_real_model_every_stage(dtype, quantization, one_load_per_model):
     """SmolLM2 itself, in each precision: greedy, top-k and top-p with a stop string, arrivals out of order."""
     ref = ReferenceLLM(DEFAULT_MODEL, dtype=dtype, quantization=quantization)
     chat = lambda q: ref.tokenizer.apply_chat_template([{"role": "user", "content": q}])  # noqa: E731
@@ -92,6 +115,7 @@ def test_real_model_every_stage(dtype, quantization):
         assert llm.quantization == quantization
         got = run_in_order(llm, prompts, params, [2, 0, 1])
         assert [g.token_ids for g in got] == expected, stage
+    assert len(one_load_per_model) == 2  # the loads went through the shared loader: a Llama and a KernelLlama
 
 
 @pytest.fixture(scope="module", params=["int8", "int4", "w4a8"])
