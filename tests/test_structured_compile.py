@@ -114,3 +114,29 @@ def test_through_the_server_a_compile_past_its_budget_is_a_400_and_a_request_bes
                 0].outputs[0].text
     finally:
         release.set()
+
+
+def test_compiles_left_running_past_their_budget_are_bounded_and_a_new_one_meanwhile_is_a_retry_later():
+    """With ``max_overtime`` compiles running on past their budget, a constraint not yet compiling is turned away
+    (QueueFull: a 503 through the server) instead of starting another compile nobody waits for; one already
+    compiling is still waited for; once they end, a new one compiles again."""
+    from stages.streaming import QueueFull
+    budget = importlib.import_module("stages.structured.compile_budget").CompileBudget(max_overtime=1)
+    release = threading.Event()
+
+    def held():
+        release.wait(30)
+        return "grammar"
+
+    with pytest.raises(InvalidParam, match="too complex to compile in 0.05 s"):
+        budget.run("a", held, 0.05, "json")
+    with pytest.raises(QueueFull, match="still compiling past their budget"):
+        budget.run("b", lambda: "other", 1.0, "json")
+    with pytest.raises(InvalidParam, match="too complex"):  # the same constraint waits on its own compile
+        budget.run("a", held, 0.05, "json")
+    release.set()
+    for _ in range(600):
+        if not budget.running_over:
+            break
+        threading.Event().wait(0.01)
+    assert budget.run("b", lambda: "other", 1.0, "json") == "other" and budget.overtime == 2
