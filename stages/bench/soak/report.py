@@ -2,9 +2,9 @@
 sampled series over time (``--plot``)."""
 from __future__ import annotations
 
-import math
-
 from rich.table import Table
+
+from .verdict import percentile  # the verdict's own: the table and the TTFT check read alike
 
 
 def live_table(samples: list[dict], traffic, minutes: float) -> Table:
@@ -46,12 +46,6 @@ def windows(points: list[tuple[float, float]], span: float) -> dict[str, list[fl
     run each where it is shorter than half an hour): the issue's "first vs last ten minutes", warm-up included."""
     width = min(600.0, span / 3)
     return {"first": [v for t, v in points if t < width], "last": [v for t, v in points if t >= span - width]}
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The nearest-rank percentile (no interpolation: a value some request really saw)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def latency_table(ttfts: list[tuple[float, float]], latencies: list[tuple[float, float]]) -> Table:
