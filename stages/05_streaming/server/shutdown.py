@@ -22,33 +22,17 @@ from common.paths import DEFAULT_MODEL
 
 from ..engine import LLM
 from .app import create_app
+from .memory import Trimmer, settle_malloc
 
 if TYPE_CHECKING:
     from ..cluster.gateway import RemoteEngine
-
-
-MMAP_THRESHOLD = 128 * 1024  # glibc's initial threshold, kept
-
-
-def fixed_mmap_threshold() -> None:
-    """Keep glibc's malloc giving every block over 128 KiB its own mapping, returned to the system when freed.
-
-    By default glibc raises that threshold each time such a block is freed (up to 32 MiB), so after one 1 MB
-    request body (its text, its 250,000 token ids) the next ones come from the heap, whose freed memory stays in
-    the process: RSS stepped up by tens of MiB after a burst of large predictions and never came down (the soak,
-    docs/soak.md). Setting the threshold turns that adjustment off. A no-op where the C library is not glibc."""
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
 
 
 def serve(llm: LLM | RemoteEngine, host: str = "127.0.0.1", port: int = 8000, model_name: str = DEFAULT_MODEL,
           shutdown_timeout: float = 5.0, **app_options) -> None:
     """The engine loop on this (the main) thread, HTTP in a background thread; SIGTERM/SIGINT drain the
     server within ``shutdown_timeout`` seconds, a second signal exits at once."""
-    fixed_mmap_threshold()
+    settle_malloc()  # before the server's threads start (memory.py: RSS that follows what the server uses)
     app = create_app(llm, model_name, **app_options)
     # uvicorn's own timeout is the backstop: it cancels handlers still running 2 s after the deadline.
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
@@ -71,6 +55,7 @@ def serve(llm: LLM | RemoteEngine, host: str = "127.0.0.1", port: int = 8000, mo
         finally:
             stopped.set()
 
+    Trimmer().start(stopped)
     # torch runs on the main thread, at full speed (a local LLM; the cluster's engine only waits here); a drained
     # server exits with 0.
     llm.run_forever(stopped, on_start=threading.Thread(target=run_http, name="http", daemon=True).start)

@@ -43,10 +43,9 @@ def serving(args, log_path: str = os.devnull):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    env = os.environ | {"MALLOC_ARENA_MAX": "2"}  # docs/soak.md: one arena per thread kept RSS stepping up
     pages = tempfile.TemporaryDirectory(prefix="soak-xray-")
     page = f"{pages.name}/xray.html" if getattr(args, "xray_window", 0) > 0 else None
-    with pages, open(log_path, "w") as log, children.session(command(args, port, page), grace=60, env=env,
+    with pages, open(log_path, "w") as log, children.session(command(args, port, page), grace=60,
                                                              stdout=log, stderr=log) as server:
         deadline = time.monotonic() + 600
         while not ready(url, server):
