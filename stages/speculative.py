@@ -8,10 +8,10 @@ from pathlib import Path
 __path__ = [str(Path(__file__).with_name("06_speculative"))]
 
 from common.speculative_config import SpeculativeConfig  # noqa: E402
-from stages.speculative.defaults import COMPARE_DEFAULT, STAGE_DEFAULT  # noqa: E402
+from stages.speculative.defaults import STAGE_DEFAULT  # noqa: E402
 from stages.speculative.engine import LLM, build, paged_cache, speculative_policy, speculative_proposers  # noqa: E402
 from stages.speculative.proposer import Proposer  # noqa: E402
 from stages.speculative.scheduler import SpeculativeScheduler  # noqa: E402
 
-__all__ = ["SpeculativeConfig", "COMPARE_DEFAULT", "STAGE_DEFAULT", "LLM", "build", "paged_cache",
+__all__ = ["SpeculativeConfig", "STAGE_DEFAULT", "LLM", "build", "paged_cache",
            "speculative_policy", "speculative_proposers", "Proposer", "SpeculativeScheduler"]

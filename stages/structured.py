@@ -1,7 +1,6 @@
 """Stage 07, structured output (the folder stages/07_structured/), under a name an import statement can spell.
 
-The folder is this module's package path: ``from common.sampling import StructuredOutputsParams  # noqa: E402
-from stages.structured.engine import build`` loads
+The folder is this module's package path: ``from stages.structured.engine import build`` loads
 stages/07_structured/engine.py, once, as ``stages.structured.engine``. Its number orders the lessons
 (``python -m stages.07_structured``); this name is how another stage, a test or an instrument imports it."""
 from pathlib import Path

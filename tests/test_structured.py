@@ -213,7 +213,7 @@ def test_what_cannot_be_enforced_is_refused_with_the_reason(so, why):
 def test_every_keyword_the_check_lets_through_is_enforced_by_xgrammar(grammars, schema, bad):
     """schema_check.ENFORCED is a claim about xgrammar: for each keyword, a value that breaks it is refused."""
     keys = {k for k in schema if k not in ("type", "items", "properties", "$defs")} or {"type"}
-    assert keys <= importlib.import_module("stages.structured.schema_check").ENFORCED
+    assert keys <= importlib.import_module("stages.structured.schema.schema_check").ENFORCED
     matcher = grammars.compile(StructuredOutputsParams(json=schema), "xgrammar").matcher().m
     assert not (matcher.accept_string(bad) and matcher.is_completed())
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from jsonschema.validators import validator_for
 
 pytest.importorskip("llguidance")
-rewrites = importlib.import_module("stages.structured.rewrites")
+rewrites = importlib.import_module("stages.structured.schema.rewrites")
 
 REWRITTEN = [
     {"type": "object", "dependentRequired": {"a": ["b"], "c": ["b", "k"]}},

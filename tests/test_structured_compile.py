@@ -121,7 +121,7 @@ def test_compiles_left_running_past_their_budget_are_bounded_and_a_new_one_meanw
     (QueueFull: a 503 through the server) instead of starting another compile nobody waits for; one already
     compiling is still waited for; once they end, a new one compiles again."""
     from stages.streaming import QueueFull
-    budget = importlib.import_module("stages.structured.compile_budget").CompileBudget(max_overtime=1)
+    budget = importlib.import_module("stages.structured.schema.compile_budget").CompileBudget(max_overtime=1)
     release = threading.Event()
 
     def held():

@@ -17,7 +17,7 @@ from common.sampling import StructuredOutputsParams
 from test_structured_checked import VALUES, valid
 
 pytest.importorskip("llguidance")
-rewrites = importlib.import_module("stages.structured.rewrites")
+rewrites = importlib.import_module("stages.structured.schema.rewrites")
 
 LISTED = {"type": "object", "required": ["a"],
           "properties": {"a": {"anyOf": [{"enum": list(range(10))}, {"enum": [*range(10, 19), "x"]}]}, "b": {}},

@@ -23,7 +23,7 @@ pytest.importorskip("llguidance")
 structured = importlib.import_module("stages.07_structured")
 backends = importlib.import_module("stages.structured.backends")
 coverage = importlib.import_module("stages.structured.coverage")
-rewrites = importlib.import_module("stages.structured.rewrites")
+rewrites = importlib.import_module("stages.structured.schema.rewrites")
 
 ACCEPTED = {  # kinds of schema that were refused before and constrain nothing more than their plain part
     "unknown keyword": {"type": "object", "self": {"vendor": "com.acme", "name": "e"}, "properties": {

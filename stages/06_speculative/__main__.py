@@ -18,7 +18,7 @@ from stages.cli import device_arg
 from stages.xray import cli as xray
 
 from common.speculative_config import SpeculativeConfig
-from stages.speculative.defaults import COMPARE_DEFAULT, DRAFT_ALWAYS, STAGE_DEFAULT
+from stages.speculative.defaults import DRAFT_ALWAYS, STAGE_DEFAULT
 from stages.speculative.workloads import WORKLOADS
 
 
@@ -80,7 +80,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.speculative_config is None:
         always = args.command == "compare" and args.draft_always
-        args.speculative_config = json.dumps(DRAFT_ALWAYS if always else COMPARE_DEFAULT)
+        args.speculative_config = json.dumps(DRAFT_ALWAYS if always else STAGE_DEFAULT)
     try:
         run(args)
     except InvalidParam as e:

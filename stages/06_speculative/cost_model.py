@@ -1,26 +1,12 @@
 """Adaptive drafting: how many drafts each request feeds this step, decided by measurement, not by a constant.
 
-A draft row pays only while rows are (almost) free: one request's k + 1 rows cost what its one row costs while a
-step is bound by reading the weights, but on a CPU without a small-row path, or once many requests fill the step,
-every draft row is real work and every rejected one is work thrown away. Where that happens depends on the
-machine, the load and the workload, so no constant (``disable_by_batch_size``) is right everywhere. Instead:
-
-* `StepCost` measures what a step costs here, as a function of the rows it feeds: t(rows) = a + b * rows, a
-  least-squares line over the latest steps of each size class (the step's own rows, drafts aside, rounded down
-  to a power of two; the fastest step at each row count), seeded at start-up by a few calibration steps
-  (calibration.py) and refined by every step the engine runs.
-* `AdaptiveDrafts` keeps each request's acceptance: the chance that its next draft token is kept, given that the
-  ones before it were (a running ratio of drafts kept to drafts tried, each request's own, pulled towards its
-  proposer's). With acceptance α, k drafts are worth 1 + α + ... + α^k tokens (the first miss ends the run), so
-  the j-th draft of a request adds α^j. Each step the policy sorts every request's possible drafts by that
-  worth and feeds the best D of them, choosing the D (0 to all) with the most expected tokens per second:
-  (tokens without drafts + worth of the D best) / t(rows + D). A draft is fed only where it adds more tokens
-  than its row costs in time, at this step's size, on this machine.
-
-vLLM calls this adaptive verification (``enable_adaptive_verification``: a cost model profiled at start-up, the
-verified token count that maximizes expected accepted tokens per second; docs/features/speculative_decoding/
-adaptive_verification.md); SGLang's ``--speculative-adaptive`` moves the draft length with an EMA of acceptance.
-Here it is on by default; ``enable_adaptive_verification: false`` drafts every proposal at every size.
+A draft row pays only while a step is bound by reading the weights; where that stops depends on the machine, the
+load and the workload, so no constant (``disable_by_batch_size``) is right everywhere. `StepCost` measures a
+step here, t(rows) = a + b * rows (per size class; seeded by calibration.py, refined by every step);
+`AdaptiveDrafts` keeps each request's acceptance α, so the j-th draft is worth α^j tokens (the first miss ends the
+run); `best_drafts` feeds the D most valuable drafts for the D with the most expected tokens per second. The README
+("Drafting only where it pays") walks through it. vLLM calls it adaptive verification
+(``enable_adaptive_verification``); SGLang's ``--speculative-adaptive`` moves the draft length with acceptance.
 """
 from __future__ import annotations
 
@@ -59,10 +45,7 @@ class StepCost:
         return self.lines[min(self.lines, key=lambda x: (abs(x - c), x))]
 
     def seconds(self, base_rows: int, rows: int) -> float:
-        line = self.line(base_rows)
-        if line is None:
-            return 1.0  # nothing measured yet: rows are taken as free until a step says otherwise
-        a, b = line
+        a, b = self.line(base_rows) or (1.0, 0.0)  # nothing measured yet: rows are free until a step says otherwise
         return a + b * rows
 
 
@@ -112,7 +95,7 @@ class AdaptiveDrafts:
         self.own: dict[int, list[float]] = {}  # seq_id -> decayed [drafts kept, drafts tried]
         self.kinds: dict[str, list[float]] = {}  # proposer -> the same over all its requests
         self.pending: dict[int, tuple[Sequence, str, int, list[int]]] = {}  # seq_id -> (seq, kind, length, draft)
-        self.counts = Counter()  # proposed / fed draft tokens, steps that fed none of their proposals
+        self.counts = Counter()  # draft tokens proposed, and of them fed
 
     def acceptance(self, seq: Sequence, kind: str) -> float:
         hits, tries = self.kinds.get(kind, (0.0, 0.0))
@@ -134,8 +117,6 @@ class AdaptiveDrafts:
                 self.pending[seq.seq_id] = (seq, kind, len(seq.token_ids), list(draft))
             self.counts["proposed"] += len(draft)
             self.counts["fed"] += k
-        self.counts["steps"] += 1
-        self.counts["steps_trimmed"] += sum(ks) < sum(len(d) for d in drafts)
         return ks
 
     def score(self) -> None:

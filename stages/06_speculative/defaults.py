@@ -9,4 +9,3 @@ STAGE_DEFAULT = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_
 # The same, feeding every draft at every batch size: the table then shows where speculation stops paying (the
 # crossover the policy acts on). `python -m stages.06_speculative --draft-always` runs it.
 DRAFT_ALWAYS = {**STAGE_DEFAULT, "enable_adaptive_verification": False}
-COMPARE_DEFAULT = STAGE_DEFAULT

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from common.model import Llama
 from common.sequence import Sequence
-from stages.paged_kv import BlockManager, PagedKVCache  # stage 03: block_manager.py, paged_cache.py
+from stages.kernels import KernelLlama, KernelPagedCache  # stage 04: model.py, kernel_cache.py (what build loads)
+from stages.paged_kv import BlockManager  # stage 03: block_manager.py
 
 from .proposer import Proposer
 
@@ -35,8 +35,8 @@ class DraftState:
 
 class DraftModelProposer(Proposer):
     cheap = False  # each draft token is a pass of the draft model: asked only for the drafts worth feeding
-    def __init__(self, model: Llama, cache: PagedKVCache, block_manager: BlockManager, max_catch_up: int, k: int,
-                 disable_by_batch_size: int | None = None):
+    def __init__(self, model: KernelLlama, cache: KernelPagedCache, block_manager: BlockManager, max_catch_up: int,
+                 k: int, disable_by_batch_size: int | None = None):
         """``cache`` and ``block_manager``: the draft model's own pool, of the engine's kind and size."""
         super().__init__(k, disable_by_batch_size)
         self.model, self.max_catch_up = model, max_catch_up  # prompt tokens it catches up on per step, at most

@@ -14,7 +14,6 @@ from types import MappingProxyType
 
 from common.engine import LLMEngine
 from common.engine_config import EngineConfig
-from common.model import Llama
 from common.paths import DEFAULT_MODEL
 from common.prepare import resolve_model
 from common.runner import ModelRunner
@@ -34,12 +33,12 @@ from .spec_stats import SpecStats
 from .suffix import SuffixProposer
 
 
-def paged_cache(model: Llama, blocks: BlockManager, fused_attention: bool = False) -> KernelPagedCache:
+def paged_cache(model: KernelLlama, blocks: BlockManager, fused_attention: bool = False) -> KernelPagedCache:
     return KernelPagedCache(model.config, blocks.num_blocks, blocks.block_size, model.dtype, model.device,
                             model.batch_invariant, fused_attention=fused_attention)  # stage 04
 
 
-def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: Llama,
+def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: KernelLlama,
                           blocks: BlockManager) -> list[Proposer]:
     """What ``speculative_config`` drafts with, in priority order: a request's predicted output, then the method's
     proposer (n-gram lookup, or a draft model with a pool of its own, of the engine's size). None when it is off."""

@@ -1,10 +1,9 @@
-"""Proposers: where draft tokens come from when they cost (almost) nothing to make (each a `Proposer`, proposer.py).
+"""Proposers whose drafts cost (almost) nothing to make (each a `Proposer`, proposer.py).
 
 * `NgramProposer`, vLLM's ``ngram`` method (prompt lookup decoding, Saxena 2023): the text so far often repeats
-  itself (a summary quotes its source, an answer reuses the question's names, code repeats identifiers), so find
-  the last few tokens earlier in the prompt and output and propose what followed them there.
-* `PredictionProposer`, OpenAI's predicted outputs: the caller sends the text it expects (the file before a small
-  edit), and the output is drafted from it, position by position, re-aligned after each departure.
+  itself (a summary quotes its source, code repeats identifiers), so what followed its last few tokens earlier in
+  the prompt and output is proposed.
+* `PredictionProposer`, OpenAI's predicted outputs: the output is drafted from the text the caller expects.
 
 A proposer only guesses; verification (``ModelRunner.sample_run``) keeps exactly the tokens one-at-a-time decoding
 would give, so a bad guess costs time, never a token.

@@ -1,21 +1,14 @@
 """Suffix decoding (Oliaro et al., *SuffixDecoding*, arXiv 2411.04975; Snowflake's Arctic Inference; vLLM's
 ``suffix`` method): drafts from suffix trees of this request's text and of earlier requests' answers.
 
-An agent that rewrites the same file again and again, a loop that refines its last answer, a pipeline whose
-answers share their shape: the next tokens have often been written before, by this request or an earlier one.
-Prompt lookup (``ngram``) finds the last few tokens once, in this request alone, and copies what followed its
-first occurrence. Suffix decoding keeps every continuation with its count:
-
-* a `SuffixTree` holds every stretch of up to ``suffix_decoding_max_tree_depth`` tokens of the text it is fed,
-  as paths from its root, each node counting the stretches through it;
-* each request has one over its prompt and output (grown as tokens are kept), and one global tree holds the
-  answers of the last ``suffix_decoding_max_cached_requests`` requests (the oldest's counts taken back out when
-  there are more: its memory is bounded);
-* to draft, the longest suffix of the request's text found in a tree (with a continuation) is followed by its
-  most frequent next token, again and again, while that path's estimated probability (the product of each
-  token's share of its node's continuations) stays >= ``suffix_decoding_min_token_prob``, and for at most
-  ``suffix_decoding_max_spec_factor`` x the match's length tokens (a longer match earns a longer guess). Of the
-  two trees' drafts, the one worth more expected tokens is proposed.
+An agent that rewrites the same file again and again writes what it, or an earlier request, wrote before. Prompt
+lookup (``ngram``) copies what followed the first occurrence of the last few tokens, in this request alone;
+suffix decoding keeps every continuation with its count. A `SuffixTree` holds every stretch of up to
+``suffix_decoding_max_tree_depth`` tokens as counted paths from its root: one per request (grown as tokens are
+kept) and one global tree over the last ``suffix_decoding_max_cached_requests`` answers (the oldest's counts taken
+back out: bounded memory). The draft follows the most frequent continuation of the longest suffix found, while its
+estimated probability stays >= ``suffix_decoding_min_token_prob``, for at most ``suffix_decoding_max_spec_factor``
+x the match's length; of the two trees' drafts, the one worth more expected tokens is proposed.
 """
 from __future__ import annotations
 
@@ -38,15 +31,6 @@ class SuffixTree:
 
     def __init__(self, depth: int):
         self.depth, self.root = depth, Node()
-
-    def size(self) -> int:
-        """Nodes held (the root among them): what bounds the tree's memory."""
-        stack, n = [self.root], 0
-        while stack:
-            node = stack.pop()
-            n += 1
-            stack.extend(node.children.values())
-        return n
 
     def add(self, tokens: list[int], sign: int = 1) -> None:
         """Count (``sign`` 1) or take back out (-1) every stretch of ``tokens`` (a whole text)."""

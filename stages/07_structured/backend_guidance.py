@@ -8,11 +8,9 @@ refused for good in 1.9.1): it is accepted here where llguidance's matcher accep
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
-from .rewrites import Refused, clean
+from .schema import guidance_refusal, loosens, prepare
 
 
 class GuidanceGrammar:
@@ -27,7 +25,7 @@ class GuidanceGrammar:
 
 
 class GuidanceMatcher:
-    why = None  # a refusal's reason beyond the grammar's own (checked.py's matcher has one)
+    why = None  # a refusal's reason beyond the grammar's own (schema/checked.py's matcher has one)
 
     def __init__(self, grammar: GuidanceGrammar):
         self.m, self.eos_ids = grammar.start.deep_copy(), grammar.eos_ids
@@ -80,7 +78,7 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
     options = {"whitespace_flexible": flexible, "coerce_one_of": False, "lenient": False}
     if not flexible:  # xgrammar's compact spelling: {"a": 1, "b": [2, 3]}
         options.update(item_separator=", ", key_separator=": ")
-    cleaned = clean(so.schema, "guidance") if so.kind == "json" else None
+    cleaned = prepare(so.schema, "guidance") if so.kind == "json" else None
     schema = cleaned.schema if cleaned else {"type": "object"}
     if so.kind in ("json", "json_object"):
         grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
@@ -91,15 +89,15 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
     else:
         raise ValueError("llguidance reads Lark grammars; structured_outputs.grammar is xgrammar's EBNF")
     matcher, error = build_matcher(tokenizer, grammar)
-    if error and cleaned is not None and any(w in error for w in LOOSENED):
+    if error and cleaned is not None and loosens(error):
         # a property and a pattern it matches, intersected through a recursive definition; a count of properties
         # beside optional ones: the loose cleaning leaves these to the check of the finished output
-        cleaned = clean(so.schema, "guidance", loose=True)
+        cleaned = prepare(so.schema, "guidance", loose=True)
         schema = cleaned.schema
         grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
         matcher, error = build_matcher(tokenizer, grammar)
     if error:
-        raise refusal(error, schema)
+        raise guidance_refusal(error, schema)
     return GuidanceGrammar(matcher, vocab_size, eos_ids, len(grammar), cleaned.checked if cleaned else ())
 
 
@@ -111,36 +109,6 @@ def build_matcher(tokenizer, grammar: str):
     import llguidance as llg
     matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
     return matcher, matcher.get_error() if matcher.is_error() else ""
-
-
-# llguidance's refusals that the loose cleaning answers (rewrites.clean): the part it refuses is checked instead
-LOOSENED = ("circular references with sibling keys", "min/maxProperties only supported", "lookarounds not supported",
-            "regex parse error")
-
-
-def refusal(error: str, schema) -> Exception:
-    """llguidance's reason, as a `Refused` naming the keyword and its place where the reason names a keyword."""
-    named = re.search(r'Unimplemented keys: \["([^"]+)"', error)
-    key = named.group(1) if named else "oneOf" if "oneOf constraints" in error else None
-    where = place_of(schema, key) if key else None
-    if where is None:
-        return ValueError(f"llguidance cannot enforce it: {' '.join(error.split())[:300]}")
-    return Refused(key, where, "llguidance does not enforce it" + (" (its branches may overlap)" if key == "oneOf"
-                                                                  else ""))
-
-
-def place_of(schema, key: str) -> str | None:
-    """The JSON pointer of the first schema (depth first) that has ``key``, or None."""
-    stack = [(schema, "")]
-    while stack:
-        node, ptr = stack.pop()
-        if isinstance(node, dict):
-            if key in node:
-                return ptr or "#"
-            stack += [(v, f"{ptr}/{k}") for k, v in reversed(list(node.items()))]
-        elif isinstance(node, list):
-            stack += [(v, f"{ptr}/{i}") for i, v in reversed(list(enumerate(node)))]
-    return None
 
 
 def regex_literal(text: str) -> str:

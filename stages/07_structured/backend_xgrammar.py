@@ -3,7 +3,7 @@
 A compiled grammar is shared; a matcher is one request's position in it, behind the interface every backend gives:
 ``fill()`` the allowed tokens as a bitmask (int32 words), ``accept(token)``, ``rollback(n)``, ``is_terminated()``
 (an EOS was accepted where the grammar may end) and ``forced_text()`` (xgrammar's jump-forward string). A schema is
-cleaned first (rewrites.py) and checked (schema_check.py): xgrammar would skip what it does not enforce.
+made one xgrammar accepts first (``schema.prepare``): xgrammar would skip a keyword it does not enforce.
 """
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import json
 
 import numpy as np
 
-from .rewrites import clean
-from .schema_check import xgrammar_refusals
+from .schema import prepare
 
 
 class XGrammarGrammar:
@@ -26,7 +25,7 @@ class XGrammarGrammar:
 
 
 class XGrammarMatcher:
-    why = None  # a refusal's reason beyond the grammar's own (checked.py's matcher has one)
+    why = None  # a refusal's reason beyond the grammar's own (schema/checked.py's matcher has one)
 
     def __init__(self, grammar: XGrammarGrammar):
         import xgrammar as xgr
@@ -67,10 +66,8 @@ def compile_xgrammar(compiler, so, vocab_size: int) -> XGrammarGrammar:
     it cannot compile."""
     any_whitespace, checked = not so.disable_any_whitespace, ()
     if so.kind == "json":
-        cleaned = clean(so.schema, "xgrammar")
+        cleaned = prepare(so.schema, "xgrammar", compiler)
         schema, checked = cleaned.schema, cleaned.checked
-        for problem in xgrammar_refusals(schema, compiler):
-            raise problem
         compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
     elif so.kind == "json_object":  # vLLM's: an object (the builtin JSON grammar would take any value)
         compiled = compiler.compile_json_schema('{"type": "object"}', any_whitespace=any_whitespace)

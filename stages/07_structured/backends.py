@@ -25,10 +25,7 @@ from .grammar_cache import DEFAULT_MAX_BYTES, GrammarCache
 from .regex import Unsupported, literal, parse
 from .backend_guidance import compile_guidance, guidance_tokenizer
 from .backend_xgrammar import compile_xgrammar, xgrammar_compiler
-from .checked import with_check
-from .compile_budget import CompileBudget
-from .rewrites import Refused
-from .schema_check import xgrammar_reason
+from .schema import CompileBudget, Refused, with_check, xgrammar_reason
 from .vocab import token_bytes
 
 TERMINATED = -2  # the matcher's state after an EOS at the end of a match
@@ -85,7 +82,7 @@ class FSMGrammar:
 
 
 class FSMMatcher:
-    why = None  # a refusal's reason beyond the grammar's own (checked.py's matcher has one)
+    why = None  # a refusal's reason beyond the grammar's own (schema/checked.py's matcher has one)
 
     def __init__(self, grammar: FSMGrammar):
         self.grammar, self.states = grammar, [grammar.dfa.start]  # one state per accepted token, for rollback
@@ -143,7 +140,7 @@ class Grammars:
 
     def compile(self, so: StructuredOutputsParams, backend: str = "auto", budget_s: float | None = None):
         """The compiled constraint (cached, bounded in bytes: grammar_cache.py); `InvalidParam` with the reason when
-        it cannot be enforced, or when it is not compiled within ``budget_s`` seconds (compile_budget.py)."""
+        it cannot be enforced, or when it is not compiled within ``budget_s`` seconds (schema/compile_budget.py)."""
         key = (so.kind, json.dumps(so.schema, sort_keys=True) if so.kind == "json" else repr(getattr(so, so.kind)),
                so.disable_any_whitespace, backend)
         work = functools.partial(self.cache.get, key, lambda: self.build(so, backend))

@@ -23,7 +23,7 @@ from common.sampling import StructuredOutputsParams
 from common.validate import InvalidParam
 
 from .backends import grammars_for
-from .compile_budget import too_slow_reason
+from .schema import too_slow_reason
 
 DATA = Path(__file__).with_name("data")
 BACKENDS = ("xgrammar", "guidance")
@@ -52,8 +52,8 @@ def reason_of(message: str) -> str:
 def compile_one(grammars, schema: dict, every: bool = True, budget_s: float | None = None) -> dict:
     """One schema through each backend: {backend: (ok, reason, ms)}, and ``auto`` as build() would choose
     (``every`` False: xgrammar only where llguidance refuses, as ``auto`` does; its column then counts only those).
-    A compile longer than ``budget_s`` is counted refused, as the server refuses it (compile_budget.py); its time is
-    kept."""
+    A compile longer than ``budget_s`` is counted refused, as the server refuses it (schema/compile_budget.py); its
+    time is kept."""
     out = {"xgrammar": (False, "not tried", 0.0)}
     for backend in ("guidance", "xgrammar"):
         if backend == "xgrammar" and not every and out["guidance"][0]:
@@ -150,7 +150,7 @@ def generate(llm, splits: dict, report: dict, n: int, max_tokens: int, console: 
                   for s, name in batch]
         for (s, name), out in zip(batch, llm.generate(prompts, params)):
             counts[out.finish_reason] += 1
-            if out.finish_reason == "error":  # the check of the finished output refused it (checked.py), or not
+            if out.finish_reason == "error":  # the check of the finished output refused it (schema/checked.py), or not
                 counts["error: refused by the check" if "checked when the output ends" in (out.error or "")
                        else "error: other"] += 1
             if out.finish_reason != "stop":

@@ -1,124 +1,80 @@
 """python -m stages.bench.reading [--steps]: what a learner reads to understand one stage, and what one step runs.
 
-Two counts per stage, both measured from the code as it stands (no figure here is typed in):
+Counts measured from the code as it stands (no figure here is typed in):
 
-* **lines read**: what the issue calls "its folder plus the core modules and parent parts it names". Start at
-  the stage's ``engine.py``; read every module of the stage's folder it reaches, every module those name (import,
-  module-level or inside a function), and, read the same way, each part of another stage that one of their
-  classes inherits from (a learner reads a parent to know what its child does). A core module (``common/``) is
-  read where it is named, not followed further. Left out: the numerics the core rests on (``common/numerics/``),
-  the model loader every stage stands on (``common/loader.py``, ``prepare.py``, ``paths.py``,
-  ``gguf_convert.py``, ``config.py``, ``tokenizer.py``) and the commands (``__main__.py``). An import through
-  the old ``stages`` registry (``from stages import paged_kv``) names the stage package it maps to, whose
-  ``__init__`` is read through (it only hands names on). "Of them, parts named" reads a parent part without what
-  it names in turn (its own parents still): the stage's folder, the core modules and parent parts it names.
+* **lines read**, the lesson: what the issue calls "its folder plus the core modules and parent parts it names".
+  Start at the stage's ``engine.py``; read every module of the stage's folder it reaches, every module those name
+  (import, module-level or inside a function), and, read the same way, each part of another stage that one of
+  their classes inherits from (a learner reads a parent to know what its child does). A core module (``common/``)
+  is read where it is named, not followed further. Left out: the model loader every stage stands on
+  (``common/loader.py``, ``prepare.py``, ``paths.py``, ``gguf_convert.py``, ``config.py``, ``tokenizer.py``) and
+  the commands (``__main__.py``). An import through a stage's door (``from stages import paged_kv``) names the
+  stage package it maps to, whose ``__init__`` is read through (it only hands names on). "Of them, parts named"
+  reads a parent part without what it names in turn (its own parents still).
+* **support, read apart**: support a stage rests on is read apart from its lesson: ``common/numerics/`` (the
+  arithmetic under the core) and a stage's ``schema/``-style support sub-package (``SUPPORT_PACKAGES``; stage 07's
+  JSON-Schema dialect layer, which in vLLM lives inside the grammar libraries). Its lines are counted in their own
+  column, so no line disappears from view: the support modules the lesson's files name, followed within the
+  support, and what they name that the lesson does not read.
 * **files one step touches** (``--steps``, loads the tiny model): the repository's Python files whose code runs
   during one ``engine.step()`` of the tiny model, a step that prefills one request while two others decode, traced
-  with ``sys.settrace``: the core and the stages' files, and apart from them the numerics (``common/numerics/``).
+  with ``sys.settrace``: the core and the stages' files, and apart from them the support (``common/numerics/``).
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[2]
+from stages.bench.reading_imports import REGISTRY, ROOT, is_face, parents, parse
+
 STAGE_FOLDERS = sorted(p.name for p in (ROOT / "stages").iterdir() if p.is_dir() and p.name[:2].isdigit())
 GROUND = {"common/loader.py", "common/prepare.py", "common/paths.py", "common/gguf_convert.py", "common/config.py",
           "common/tokenizer.py"}
-REGISTRY = {"static_batch": "01_static_batch", "continuous_batch": "02_continuous_batch", "paged_kv": "03_paged_kv",
-            "kernels": "04_kernels", "streaming": "05_streaming", "speculative": "06_speculative",
-            "structured": "07_structured"}
+SUPPORT_PACKAGES = ("schema",)  # a stage's sub-package of support: stages/07_structured/schema/
 
 
-def module_file(dotted: str) -> Path | None:
-    """The file of a dotted module name: its own file, else, for ``stages.<name>.x``, the stage folder's."""
-    parts = dotted.split(".")
-    for mapped in (parts, ["stages", REGISTRY[parts[1]], *parts[2:]] if parts[1:2] and parts[1] in REGISTRY
-                   and parts[0] == "stages" else None):
-        if mapped:
-            base = ROOT.joinpath(*mapped)
-            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-                if candidate.is_file():
-                    return candidate
+def support_root(path: Path) -> str | None:
+    """The support folder ``path`` belongs to (``common/numerics/``, ``stages/07_structured/schema/``), or None."""
+    parts = path.relative_to(ROOT).parts
+    if parts[:2] == ("common", "numerics"):
+        return "common/numerics/"
+    if len(parts) > 3 and parts[0] == "stages" and parts[1] in STAGE_FOLDERS and parts[2] in SUPPORT_PACKAGES:
+        return "/".join(parts[:3]) + "/"
     return None
 
 
-def is_face(path: Path) -> bool:
-    """A module that only hands names on: a package's __init__, or a stage's door (stages/paged_kv.py)."""
-    return path.name == "__init__.py" or (path.parent == ROOT / "stages" and path.stem in REGISTRY)
-
-
-def through(path: Path, name: str, depth: int = 0) -> Path:
-    """Where ``name``, imported from ``path``, is defined: a face's name is followed to the module it comes from."""
-    if depth > 5 or not is_face(path):
-        return path
-    target = parse(path)[1].get(name)
-    return through(target, name, depth + 1) if target is not None and target != path else path
-
-
-def parse(path: Path) -> tuple[ast.Module, dict[str, Path]]:
-    """The module's tree, and each name an import binds in it -> the repository module it stands for (a name taken
-    from a face, the module that defines it)."""
-    rel = path.relative_to(ROOT).with_suffix("")
-    package = list(rel.parts[:-1])
-    tree, bound = ast.parse(path.read_text(encoding="utf-8")), {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                target = module_file(a.name)
-                if target is not None:
-                    bound[a.asname or a.name.split(".")[0]] = target if a.asname else module_file(a.name.split(".")[0])
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
-            for a in node.names:
-                target = module_file(f"{base}.{a.name}")
-                if target is None and (target := module_file(base)) is not None and target != path:
-                    target = through(target, a.name)
-                if target is not None:
-                    bound[a.asname or a.name] = target
-        elif (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-            target = module_file(node.args[0].value)
-            if target is not None:
-                bound[f"<import_module {node.args[0].value}>"] = target
-    bound = {k: v for k, v in bound.items() if v is not None and v != path}
-    return tree, bound
-
-
-def parents(tree: ast.Module, bound: dict[str, Path]) -> set[Path]:
-    """The modules the classes of a module inherit from (``class A(paged.Scheduler)``: the module defining
-    paged's Scheduler): a learner reads a parent to know what its child does."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef):
-            for base in node.bases:
-                names = []
-                while isinstance(base, (ast.Attribute, ast.Call, ast.Subscript)):
-                    names.append(base.attr) if isinstance(base, ast.Attribute) else None
-                    base = base.value if not isinstance(base, ast.Call) else base.func
-                if isinstance(base, ast.Name) and base.id in bound:
-                    module = bound[base.id]
-                    for name in names[::-1]:  # paged.Scheduler, streaming.engine.LLMEngine, previous.LLM.x
-                        if (found_in := through(module, name)) != module:
-                            module = found_in
-                            break
-                    found.add(module)
-    return found
-
-
 def counted(path: Path) -> bool:
+    """A module of the lesson: the core or a stage's, not the ground, a command or support (read apart)."""
     rel = path.relative_to(ROOT).as_posix()
-    if rel in GROUND or rel.startswith("common/numerics/") or rel.endswith("__main__.py"):
+    if rel in GROUND or support_root(path) or rel.endswith("__main__.py"):
         return False
     door = path.parent == ROOT / "stages" and path.stem in REGISTRY
     return door or rel.startswith("common/") or any(rel.startswith(f"stages/{folder}/") for folder in STAGE_FOLDERS)
+
+
+def support_of(read: list[Path]) -> dict[str, set[Path]]:
+    """Support folder -> its modules that the files ``read`` name, followed within the support, and the modules
+    outside it they name that the lesson does not read (not followed further)."""
+    found: dict[str, set[Path]] = {}
+    todo = [dep for path in read for dep in parse(path)[1].values() if support_root(dep)]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        mine = found.setdefault(support_root(path), set())
+        mine.add(path)
+        for dep in parse(path)[1].values():
+            if support_root(dep):
+                todo.append(dep)
+            elif counted(dep) and dep not in read:
+                mine.add(dep)
+    return found
 
 
 def in_a_stage(path: Path) -> bool:
@@ -198,20 +154,25 @@ def main(argv=None) -> None:
     ap.add_argument("--files", action="store_true", help="list the files counted")
     args = ap.parse_args(argv)
     console = Console()
-    table = Table(title="what a learner reads for one stage")
-    for col in ("stage", "files read", "lines read", "of them, parts named", "lines reachable by imports",
-                "files one step touches"):
+    table = Table(title="what a learner reads for one stage (the lesson; its support apart)")
+    for col in ("stage", "files read", "lines read", "of them, parts named", "support, read apart",
+                "lines reachable by imports", "files one step touches"):
         table.add_column(col, justify="left" if col == "stage" else "right")
     for folder in args.stage or STAGE_FOLDERS:
         read, reachable = read_set(folder), read_set(folder, everything=True)
-        named = read_set(folder, parent_names=False)
+        named, support = read_set(folder, parent_names=False), support_of(read_set(folder))
+        apart = set().union(*support.values())
+        parts = " + ".join(f"{root.split('/')[-2]} {sum(map(lines, fs)):,}" for root, fs in sorted(support.items()))
         touched = files_one_step_touches(folder) if args.steps else None
-        numerics = [f for f in touched or [] if f.startswith("common/numerics/")]
+        beneath = [f for f in touched or [] if support_root(ROOT / f)]
         table.add_row(folder, str(len(read)), f"{sum(map(lines, read)):,}", f"{sum(map(lines, named)):,}",
-                      f"{sum(map(lines, reachable)):,}",
-                      f"{len(touched) - len(numerics)} (+{len(numerics)} numerics)" if touched else "-")
+                      f"{sum(map(lines, apart)):,} ({parts})" if apart else "-", f"{sum(map(lines, reachable)):,}",
+                      f"{len(touched) - len(beneath)} (+{len(beneath)} support)" if touched else "-")
         if args.files:
             console.print(f"[bold]{folder}[/] reads: " + ", ".join(f"{p.relative_to(ROOT)} ({lines(p)})" for p in read))
+            for root, files in sorted(support.items()):
+                console.print(f"[bold]{folder}[/] reads apart, support {root}: "
+                              + ", ".join(f"{p.relative_to(ROOT)} ({lines(p)})" for p in sorted(files)))
             if touched:
                 console.print(f"[bold]{folder}[/] one step touches: " + ", ".join(touched))
     console.print(table)

@@ -15,7 +15,7 @@ from .errors import APIError
 # A chat body is 5 levels deep (messages -> message -> content -> part -> text), but a JSON schema in
 # response_format carries its own nesting: two levels per nested object (properties -> name), 60-some for the
 # 30-level schemas of JSONSchemaBench's deepest splits. Stage 07 bounds a schema by its own depth (64 subschemas,
-# stages/07_structured/rewrites.py); this guard only keeps a parser's stack bounded.
+# stages/07_structured/schema/rewrites.py); this guard only keeps a parser's stack bounded.
 MAX_DEPTH = 256
 
 

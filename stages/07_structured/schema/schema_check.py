@@ -1,14 +1,18 @@
-"""What xgrammar enforces of a cleaned schema (rewrites.py), and a `Refused` for the rest. xgrammar compiles a schema
-with a keyword it does not enforce (``uniqueItems``, ``not``, ``allOf``, ``if``) without a word, and the output may
-then break the schema: "every output validates" would be false. Some pairs of enforced keywords lose one of the two,
-with a log line at most: ``minLength``/``maxLength`` beside a ``pattern`` or a ``format`` (an email with
-``maxLength: 40`` could run on until ``max_tokens``), a ``pattern`` beside a ``format``, ``multipleOf`` beside a
-range; and a length-bounded string lets raw control characters in (invalid JSON), so ``minLength``/``maxLength`` are
-left to llguidance. So the cleaned schema is read first and a constraint outside this list, or such a pair, is
-refused by name and place (``auto`` then asks llguidance, which may enforce it). Each enforced keyword was checked
-against xgrammar 0.2.9 (tests/test_structured.py).
+"""What each backend enforces of a cleaned schema (rewrites.py), and a `Refused` naming the rest, by keyword and place.
+
+xgrammar compiles a schema with a keyword it does not enforce (``uniqueItems``, ``not``, ``allOf``, ``if``) without
+a word, and the output may then break the schema: "every output validates" would be false. Some pairs of enforced
+keywords lose one of the two, with a log line at most: ``minLength``/``maxLength`` beside a ``pattern`` or a
+``format`` (an email with ``maxLength: 40`` could run on until ``max_tokens``), a ``pattern`` beside a ``format``,
+``multipleOf`` beside a range; and a length-bounded string lets raw control characters in (invalid JSON), so
+``minLength``/``maxLength`` are left to llguidance. So the cleaned schema is read first and a constraint outside
+this list, or such a pair, is refused by name and place (``auto`` then asks llguidance, which may enforce it). Each
+enforced keyword was checked against xgrammar 0.2.9 (tests/test_structured.py). llguidance refuses (never skips) what
+it does not implement, in words: `guidance_refusal` turns them into the same `Refused`.
 """
 from __future__ import annotations
+
+import re
 
 from .keywords import CONSTRAINTS, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE
 from .rewrites import Refused
@@ -69,3 +73,38 @@ def xgrammar_reason(e: Exception) -> str:
     """xgrammar's message without its time stamp and source line ("[16:43:36] .../json_schema_converter.cc:5082: ")."""
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return first.split(".cc:", 1)[-1].split(": ", 1)[-1] if ".cc:" in first else first
+
+
+# llguidance says itself what it refuses. These refusals the loose cleaning (rewrites.clean) answers: the part
+# it refuses is checked on the finished output instead
+LOOSENED = ("circular references with sibling keys", "min/maxProperties only supported", "lookarounds not supported",
+            "regex parse error")
+
+
+def loosens(error: str) -> bool:
+    return any(w in error for w in LOOSENED)
+
+
+def guidance_refusal(error: str, schema) -> Exception:
+    """llguidance's reason, as a `Refused` naming the keyword and its place where the reason names a keyword."""
+    named = re.search(r'Unimplemented keys: \["([^"]+)"', error)
+    key = named.group(1) if named else "oneOf" if "oneOf constraints" in error else None
+    where = place_of(schema, key) if key else None
+    if where is None:
+        return ValueError(f"llguidance cannot enforce it: {' '.join(error.split())[:300]}")
+    return Refused(key, where, "llguidance does not enforce it" + (" (its branches may overlap)" if key == "oneOf"
+                                                                  else ""))
+
+
+def place_of(schema, key: str) -> str | None:
+    """The JSON pointer of the first schema (depth first) that has ``key``, or None."""
+    stack = [(schema, "")]
+    while stack:
+        node, ptr = stack.pop()
+        if isinstance(node, dict):
+            if key in node:
+                return ptr or "#"
+            stack += [(v, f"{ptr}/{k}") for k, v in reversed(list(node.items()))]
+        elif isinstance(node, list):
+            stack += [(v, f"{ptr}/{i}") for i, v in reversed(list(enumerate(node)))]
+    return None
