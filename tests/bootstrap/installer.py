@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from graph import StepFailed
@@ -77,3 +78,11 @@ class Installer:
             except StepFailed as e:
                 sh.say(f"uv failed ({str(e)[-300:]}): pip installs instead")
         sh(str(self.python), "-m", "pip", *PIP, *args)
+
+
+if __name__ == "__main__":  # `installer.py VENV_PYTHON ARGS...`: uv pip install ARGS with pip's settings (prepare.sh)
+    python = Path(sys.argv[1])
+    options, env = uv_options(subprocess.run([str(python), "-m", "pip", "config", "list"], capture_output=True,
+                                             text=True).stdout)
+    sys.exit(subprocess.run([str(python.parent / "uv"), "pip", "install", "-q", *options, *sys.argv[2:]],
+                            env={**os.environ, **env}).returncode)
