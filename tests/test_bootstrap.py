@@ -108,3 +108,50 @@ def test_the_torch_step_installs_what_the_model_and_kernel_steps_import():
         todo += [re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0] for r in requires if "extra ==" not in r]
     assert imported - {"stepwise"} <= reached, sorted(imported - reached)
     assert set(real_steps.CORE) <= set(real_steps.pins())
+
+
+def test_uv_is_handed_pips_own_settings_once_each():
+    """uv reads no pip configuration: `pip config list`'s indexes, wheel folders, constraints and certificate become
+    uv's options (an item set both in a file and in a PIP_* variable once), and uv resolves across indexes as pip."""
+    from installer import uv_options
+    listed = ("global.cert='/etc/ssl/certs/ca.crt'\nglobal.constraint='/etc/xdg/pip/constraints.txt'\n"
+              "global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'\nglobal.find-links='/opt/wheels'\n"
+              ":env:.find-links='/opt/wheels'\n:env:.default-timeout='180'\n")
+    options, env = uv_options(listed)
+    assert options == ["--index-strategy", "unsafe-best-match", "--constraint", "/etc/xdg/pip/constraints.txt",
+                       "--extra-index-url", "file:///opt/a/simple", "--extra-index-url", "file:///opt/b/simple",
+                       "--find-links", "/opt/wheels"]
+    assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca.crt"}
+    assert uv_options("global.no-index='true'\n")[0][-1] == "--no-index"
+
+
+class Recording:
+    """A Shell that records each command, failing those whose program is named in ``fail``."""
+
+    def __init__(self, fail=()):
+        self.commands, self.said, self.fail = [], [], fail
+
+    def __call__(self, *argv, env=None):
+        self.commands.append(argv)
+        if Path(argv[0]).name in self.fail:
+            raise StepFailed(f"`{argv[0]}` exited 2: refused")
+
+    def say(self, text):
+        self.said.append(text)
+
+
+@pytest.mark.parametrize("fail, setting", [((), "uv"), (("uv",), "uv"), ((), "pip")])
+def test_the_installer_takes_uv_where_it_works_and_pip_otherwise(tmp_path, monkeypatch, fail, setting):
+    from installer import Installer
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").symlink_to(sys.executable)  # `pip config list` runs for real
+    (tmp_path / "bin" / "uv").write_text("")  # uv already in the venv: not installed again
+    monkeypatch.setenv("STEPWISE_INSTALLER", setting)
+    sh = Recording(fail)
+    Installer(tmp_path / "bin" / "python").install(sh, "-e", ".[dev]")
+    programs = [(Path(c[0]).name, c[1:3]) for c in sh.commands]
+    uv = [("uv", ("pip", "install"))]
+    pip = [("python", ("-m", "pip"))]
+    assert programs == {((), "uv"): uv, (("uv",), "uv"): uv + pip, ((), "pip"): pip}[fail, setting]
+    assert all(c[-2:] == ("-e", ".[dev]") for c in sh.commands)
+    assert ("uv failed" in " ".join(sh.said)) == bool(fail)

@@ -2,7 +2,7 @@
 # An aarch64 Python with torch, for running the engine itself under qemu-aarch64 on an x86 machine
 # (tests/test_arm64.py): what `make native-check` does for the kernels alone, done for stage 04 whole.
 #   root/   Debian's python3.11 for arm64 and the libraries it loads (apt-get download, unpacked, not installed)
-#   site/   torch and the engine's other imports, aarch64 wheels from PyPI (pip install --target --platform)
+#   site/   torch and the engine's other imports, aarch64 wheels from PyPI (uv, else pip, install --target)
 #   cxx     the aarch64 cross compiler (g++, with OpenMP), run natively, so our kernels build at native speed
 #   clang   clang++ for aarch64 as a Mac's compiler builds: -mcpu=apple-m1 (dot products), no libomp (our own threads)
 # torch is 2.10.0, not the project's 2.13.0: PyPI's aarch64 wheels from 2.11 on need CUDA's libraries to import,
@@ -36,10 +36,21 @@ rm -rf "$DEST/debs"
 PIP=("$ROOT_DIR/.venv/bin/pip" install -q --disable-pip-version-check --target "$DEST/site" --only-binary=:all:
      --platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64
      --python-version 3.11 --implementation cp)
-"${PIP[@]}" --no-deps torch==2.10.0
-"${PIP[@]}" --upgrade filelock typing-extensions sympy networkx fsspec setuptools \
-  $(grep -oE '"(numpy|safetensors|tokenizers|gguf|jinja2|rich|pytest|hypothesis)==[^"]+"' "$ROOT_DIR/pyproject.toml" |
-    tr -d '"')  # pytest too: tests/arm64/python -m pytest tests/test_native_linear.py runs the kernel tests on ARM
+# uv where the set-up put it in the venv (tests/bootstrap/installer.py: pip's settings handed to it; .pyc files
+# compiled as pip compiles them, or each qemu run would compile torch's modules anew), else pip; pip again, from an
+# empty folder, where uv fails
+UV=("$ROOT_DIR/.venv/bin/python" "$ROOT_DIR/tests/bootstrap/installer.py" "$ROOT_DIR/.venv/bin/python"
+    --target "$DEST/site" --only-binary :all: --python-platform aarch64-manylinux_2_28 --python-version 3.11
+    --compile-bytecode)
+REST=(--upgrade filelock typing-extensions sympy networkx fsspec setuptools
+      $(grep -oE '"(numpy|safetensors|tokenizers|gguf|jinja2|rich|pytest|hypothesis)==[^"]+"' "$ROOT_DIR/pyproject.toml" |
+        tr -d '"'))  # pytest too: tests/arm64/python -m pytest tests/test_native_linear.py runs the kernel tests on ARM
+if ! [[ -x $ROOT_DIR/.venv/bin/uv && ${STEPWISE_INSTALLER:-uv} != pip ]] ||
+   ! { "${UV[@]}" --no-deps torch==2.10.0 && "${UV[@]}" "${REST[@]}"; }; then
+  rm -rf "$DEST/site"
+  "${PIP[@]}" --no-deps torch==2.10.0
+  "${PIP[@]}" "${REST[@]}"
+fi
 cat > "$DEST/cxx" <<EOF
 #!/bin/sh
 # aarch64-linux-gnu-g++, finding the aarch64 Python's pyconfig.h

