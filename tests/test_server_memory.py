@@ -17,7 +17,7 @@ SCRIPT = r"""
 import json, sys
 sys.path.insert(0, {root!r})
 import importlib
-memory = importlib.import_module("stages.05_streaming.server.memory")
+memory = importlib.import_module("stages.streaming.server.memory")
 
 def vmrss():
     for line in open("/proc/self/status"):
@@ -61,7 +61,7 @@ class FakeHeap:
 
 
 def test_the_trimmer_trims_when_rss_grows_and_gives_back_what_a_large_request_frees(monkeypatch):
-    memory = importlib.import_module("stages.05_streaming.server.memory")
+    memory = importlib.import_module("stages.streaming.server.memory")
     MiB = 2**20
     heap = FakeHeap(1000 * MiB)
     heap.free = 200 * MiB  # the model's loading left 200 MiB freed
