@@ -44,7 +44,7 @@ def test_a_done_step_is_skipped_and_a_failure_stops_only_its_dependents(tmp_path
     states = {o.name: (o.state, o.note) for o in run_graph(graph, list(graph), str(tmp_path))}
     assert states == {"a": ("done", "already done and valid"), "b": ("failed", "b broke"),
                       "c": ("not run", "needs b"), "d": ("ran", ""), "e": ("not run", "needs c")}
-    assert [n for w, n, _ in log if w == "start"] == ["b", "d"]
+    assert sorted(n for w, n, _ in log if w == "start") == ["b", "d"]  # only these ran; side by side, either first
     forced = run_graph(graph, ["a"], str(tmp_path), force=frozenset({"a"}))
     assert forced[0].state == "ran"
 
