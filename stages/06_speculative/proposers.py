@@ -11,7 +11,6 @@ would give, so a bad guess costs time, never a token.
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from common.sequence import Sequence
 
@@ -21,16 +20,29 @@ from .proposer import Proposer
 def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """vLLM's rule: the longest suffix of ``tokens`` of ``min_n`` to ``max_n`` tokens that occurs earlier in
     ``tokens``; of its occurrences the first; and up to ``k`` tokens that followed it there. Nothing when no
-    suffix of ``min_n`` tokens or more recurs. ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``."""
+    suffix of ``min_n`` tokens or more recurs. ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``.
+
+    Every request runs this every step, so it is written for speed: each earlier place of the last token (found by
+    ``list.index``, a scan in C) is a candidate end of a match, extended backwards while the tokens agree. A
+    candidate replaces the best only when strictly longer, so of the longest matches the first is kept. (Trying
+    each n with numpy's sliding windows took about 120 µs for a 600-token request with no match; this, under 10.)"""
     # lab 06.1 begin: prompt lookup (n-gram) drafts
-    arr = np.asarray(tokens, dtype=np.int64)
-    for n in range(min(max_n, len(arr) - 1), min_n - 1, -1):
-        windows = sliding_window_view(arr[:-1], n)  # every n-gram that ends before the last token
-        hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[0]) + n
-            return tokens[start:start + k]
-    return []
+    end = len(tokens) - 1  # a match must end before the last token
+    max_n = min(max_n, end)
+    if max_n < min_n or end < 1:
+        return []
+    last, best_n, best_end, j = tokens[end], 0, -1, -1
+    while best_n < max_n:
+        try:
+            j = tokens.index(last, j + 1, end)
+        except ValueError:
+            break
+        n = 1
+        while n < max_n and n <= j and tokens[j - n] == tokens[end - n]:
+            n += 1
+        if n > best_n:
+            best_n, best_end = n, j
+    return tokens[best_end + 1:best_end + 1 + k] if best_n >= min_n else []
     # lab 06.1 end
 
 
