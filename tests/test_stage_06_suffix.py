@@ -1,5 +1,6 @@
-"""Stage 06's suffix decoding (suffix.py): the tree against a brute-force count of the text's stretches, its memory
-bounded whatever it is fed, its keys checked, and every token the reference's whatever it drafts."""
+"""Stage 06's suffix decoding (suffix.py): the tree against a brute-force count of the text's stretches, its drafts
+against a brute-force scan of the texts by Arctic's rule, its memory bounded whatever it is fed, its keys checked,
+and every token the reference's whatever it drafts."""
 import importlib
 from collections import Counter
 
@@ -58,11 +59,16 @@ def test_a_draft_is_the_best_scoring_over_every_match_length():
     tree.add([1, 2, 3, 1, 2, 4, 1, 2, 3])
     # [2] occurs 3 times: followed by 3 twice (2/3), then [2, 3] by 1 once of its 2 occurrences (2/3 x 1/2): score 1;
     # [1, 2] the same, 1 again: a tie goes to the longer match
-    assert tree.speculate([9, 1, 2], 4, 2.0, 0.1) == (([3, 1]), pytest.approx(1.0), 2)
+    assert tree.speculate([9, 1, 2], 4, 2.0, 0.1) == ([3, 1], pytest.approx(1.0), 2)
     assert tree.speculate([9, 1, 2], 4, 2.0, 0.5) == ([3], pytest.approx(2 / 3), 2)  # 1/3 < min_token_prob
     assert tree.speculate([9, 1, 2], 4, 0.5, 0.1) == ([3], pytest.approx(2 / 3), 2)  # 0.5 x 2 tokens matched
     assert tree.speculate([9, 1, 2], 4, 2.0, 0.7).tokens == []
     assert tree.speculate([7, 7], 4, 2.0, 0.1) == ([], 0.0, 0)  # nothing matches
+    text = [1, 2, 4, 6, 1, 2, 5, 7] + [2, 3] * 18 + [1, 2]
+    tree = suffix.SuffixTree(4)
+    tree.add(text)
+    # [1, 2]: 3 times (this one included), then 4 once: 1/3 + 1/3; [2]: 21 times, then 3 18 times: 18/21 wins
+    assert tree.speculate(text, 4, 1.0, 0.1) == ([3], pytest.approx(18 / 21), 1)
 
 
 def occurrences(texts, pattern, depth):
