@@ -1,5 +1,6 @@
-"""Stage 06's suffix decoding (suffix.py): the tree against a brute-force count of the text's stretches, its memory
-bounded whatever it is fed, its keys checked, and every token the reference's whatever it drafts."""
+"""Stage 06's suffix decoding (suffix.py): the tree against a brute-force count of the text's stretches, its drafts
+against a brute-force scan of the texts by Arctic's rule, its memory bounded whatever it is fed, its keys checked,
+and every token the reference's whatever it drafts."""
 import importlib
 from collections import Counter
 
@@ -53,29 +54,120 @@ def test_the_tree_counts_every_stretch_grown_token_by_token_or_whole(texts, dept
     assert paths(whole) == brute_force(texts, depth)
 
 
-def test_a_draft_follows_the_longest_match_and_the_most_frequent_path():
+def test_a_draft_is_the_best_scoring_over_every_match_length():
     tree = suffix.SuffixTree(4)
     tree.add([1, 2, 3, 1, 2, 4, 1, 2, 3])
-    # [9, 1, 2]: not found whole; [1, 2] is, followed by 3 twice and 4 once; then [1, 2, 3] by 1 once
-    assert tree.draft([9, 1, 2], 4, 2.0, 0.1) == ([3, 1], pytest.approx(2 / 3 + 2 / 3))
-    assert tree.draft([9, 1, 2], 4, 0.5, 0.1)[0] == [3]  # spec factor: 0.5 x a match of 2 tokens
-    assert tree.draft([9, 1, 2], 4, 2.0, 0.7)[0] == []  # 2/3 < min_token_prob
-    assert tree.draft([7, 7], 4, 2.0, 0.1)[0] == []  # nothing matches
+    # [2] occurs 3 times: followed by 3 twice (2/3), then [2, 3] by 1 once of its 2 occurrences (2/3 x 1/2): score 1;
+    # [1, 2] the same, 1 again: a tie goes to the longer match
+    assert tree.speculate([9, 1, 2], 4, 2.0, 0.1) == ([3, 1], pytest.approx(1.0), 2)
+    assert tree.speculate([9, 1, 2], 4, 2.0, 0.5) == ([3], pytest.approx(2 / 3), 2)  # 1/3 < min_token_prob
+    assert tree.speculate([9, 1, 2], 4, 0.5, 0.1) == ([3], pytest.approx(2 / 3), 2)  # 0.5 x 2 tokens matched
+    assert tree.speculate([9, 1, 2], 4, 2.0, 0.7).tokens == []
+    assert tree.speculate([7, 7], 4, 2.0, 0.1) == ([], 0.0, 0)  # nothing matches
+    text = [1, 2, 4, 6, 1, 2, 5, 7] + [2, 3] * 18 + [1, 2]
+    tree = suffix.SuffixTree(4)
+    tree.add(text)
+    # [1, 2]: 3 times (this one included), then 4 once: 1/3 + 1/3; [2]: 21 times, then 3 18 times: 18/21 wins
+    assert tree.speculate(text, 4, 1.0, 0.1) == ([3], pytest.approx(18 / 21), 1)
+
+
+def occurrences(texts, pattern, depth):
+    """Where ``pattern`` (at most ``depth`` tokens) occurs: (text, end) in the order the texts were fed."""
+    n = len(pattern)
+    return [(t, i + n) for t, text in enumerate(texts) for i in range(len(text) - n + 1)
+            if n <= depth and text[i:i + n] == pattern]
+
+
+def brute_force_speculate(texts, context, depth, k, factor, min_prob):
+    """Arctic's rule by scanning the texts: for each match length 1, 2, ... (< the last ``depth`` tokens) while the
+    context's suffix occurs, follow the most frequent next token (a tie: the one that occurred first) with
+    probability count(path + token) / count(path), keep the best sum of probabilities (a tie: the longer)."""
+    context = context[-depth:]
+    best = ([], 0.0, 0)
+    for n in range(1, len(context)):
+        path = list(context[-n:])
+        if not occurrences(texts, path, depth):
+            break
+        draft, prob, score = [], 1.0, 0.0
+        while len(draft) < min(k, int(n * factor + 1e-6)):
+            nexts = Counter(texts[t][end] for t, end in occurrences(texts, path, depth - 1) if end < len(texts[t]))
+            if not nexts:
+                break
+            token = max(nexts, key=nexts.get)  # Counter keeps first-seen order: the earliest among equals
+            prob *= nexts[token] / len(occurrences(texts, path, depth))
+            if prob < min_prob:
+                break
+            draft.append(token)
+            score += prob
+            path.append(token)
+        if score >= best[1]:
+            best = (draft, score, n)
+    return best
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(texts=st.lists(st.lists(st.integers(0, 3), max_size=16), min_size=1, max_size=4),
+       context=st.lists(st.integers(0, 3), max_size=10), depth=st.integers(2, 7), k=st.integers(0, 8),
+       factor=st.sampled_from([0.5, 1.0, 1.5, 3.0]), min_prob=st.sampled_from([0.0, 0.1, 0.3, 0.6]))
+def test_speculate_equals_a_brute_force_scan_of_the_texts(texts, context, depth, k, factor, min_prob):
+    tree = suffix.SuffixTree(depth)
+    for text in texts:
+        tree.add(text)
+    assert tuple(tree.speculate(context, k, factor, min_prob)) == brute_force_speculate(texts, context, depth, k,
+                                                                                        factor, min_prob)
+
+
+class FakeSeq:
+    """What the proposer reads of a request."""
+
+    def __init__(self, seq_id, prompt):
+        self.seq_id, self.prompt_token_ids, self.output_token_ids, self.is_finished = seq_id, prompt, [], False
+
+    @property
+    def token_ids(self):
+        return self.prompt_token_ids + self.output_token_ids
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(requests=st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=10), st.lists(st.integers(0, 3), max_size=12),
+                                   st.integers(1, 4)), min_size=1, max_size=4),
+       depth=st.integers(2, 6), k=st.integers(1, 6))
+def test_the_proposer_drafts_from_its_own_text_or_every_answer_so_far_whichever_scores_more(requests, depth, k):
+    """Requests one after another, their answers growing a few tokens a step: each draft is the better of the
+    brute-force draft over the request's prompt and output and over the answers so far, its own included."""
+    proposer = suffix.SuffixProposer(k=k, depth=depth, max_cached_requests=10, factor=1.0, min_prob=0.1)
+    answers = []
+    for seq_id, (prompt, answer, chunk) in enumerate(requests):
+        seq = FakeSeq(seq_id, prompt)
+        for cut in [*range(0, len(answer), chunk), len(answer)]:
+            seq.output_token_ids = answer[:cut]
+            mine = brute_force_speculate([seq.token_ids], seq.token_ids, depth, k, 1.0, 0.1)
+            earlier = brute_force_speculate(answers + [seq.output_token_ids], seq.token_ids, depth, k, 1.0, 0.1)
+            assert proposer.propose([seq], [k]) == [(mine if mine[1] >= earlier[1] else earlier)[0]]
+        seq.is_finished = True
+        answers.append(answer)
+    proposer.propose([], [])
+    assert proposer.own == {} and paths(proposer.tree) == brute_force(answers, depth)
 
 
 def test_the_global_tree_is_bounded_and_holds_exactly_the_latest_answers():
-    """Far more answers than the limit: the tree holds exactly the last ``max_cached_requests`` answers' stretches
-    (the oldest taken back out), so its size stays bounded."""
+    """Far more answers than the limit, each counted as it grows: the tree holds exactly the last
+    ``max_cached_requests`` answers' stretches (the oldest taken back out when a new request comes), so its size
+    stays bounded, and no finished request's own tree is kept."""
     proposer = suffix.SuffixProposer(k=4, depth=5, max_cached_requests=3, factor=1.0, min_prob=0.1)
     answers = [[(i * 7 + j * 3) % 50 for j in range(40)] for i in range(200)]
     biggest = 0
     for i, answer in enumerate(answers):
-        seq = type("Seq", (), {"output_token_ids": answer, "is_finished": True})()
-        proposer.own[i] = (seq, None, 0)
-        proposer.finish(i)
-        biggest = max(biggest, 1 + len(paths(proposer.tree)))  # its nodes, the root among them
-    assert paths(proposer.tree) == brute_force(answers[-3:], 5)
-    assert biggest <= 1 + 4 * 40 * 5  # 3 answers of 40 tokens, 5 nodes per stretch at most, and the one coming in
+        seq = FakeSeq(i, [1, 2, 3])
+        for cut in range(0, 41, 8):
+            seq.output_token_ids = answer[:cut]
+            proposer.propose([seq], [4])
+            biggest = max(biggest, 1 + len(paths(proposer.tree)))  # its nodes, the root among them
+        seq.is_finished = True
+        assert len(proposer.own) == 1 and len(proposer.cached) <= 3
+    proposer.propose([], [])
+    assert proposer.own == {} and paths(proposer.tree) == brute_force(answers[-3:], 5)
+    assert biggest <= 1 + 3 * 40 * 5  # 3 answers of 40 tokens, 5 nodes per stretch at most
 
 
 @pytest.mark.parametrize("key, value", [("suffix_decoding_max_tree_depth", 1), ("suffix_decoding_max_tree_depth", 1.5),

@@ -13,8 +13,10 @@ from .engine import LLM
 from .measure import kv_budget
 from .workloads import build
 
+# suffix: spec factor 4 (vLLM's default is 1), chosen on extract, never on agentic (docs/speculative.md, 2026-12-07)
 METHODS = {"ngram": DRAFT_ALWAYS,
-           "suffix": {"method": "suffix", "num_speculative_tokens": 8, "enable_adaptive_verification": False}}
+           "suffix": {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 4.0,
+                      "enable_adaptive_verification": False}}
 
 
 def method_rows(args, methods: list[str]) -> list[tuple]:

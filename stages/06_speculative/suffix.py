@@ -1,18 +1,16 @@
-"""Suffix decoding (Oliaro et al., *SuffixDecoding*, arXiv 2411.04975; Snowflake's Arctic Inference; vLLM's
-``suffix`` method): drafts from suffix trees of this request's text and of earlier requests' answers.
+"""Suffix decoding (Oliaro et al., arXiv 2411.04975; Snowflake's Arctic Inference; vLLM's ``suffix`` method).
 
 An agent that rewrites the same file again and again writes what it, or an earlier request, wrote before. Prompt
-lookup (``ngram``) copies what followed the first occurrence of the last few tokens, in this request alone;
-suffix decoding keeps every continuation with its count. A `SuffixTree` holds every stretch of up to
-``suffix_decoding_max_tree_depth`` tokens as counted paths from its root: one per request (grown as tokens are
-kept) and one global tree over the last ``suffix_decoding_max_cached_requests`` answers (the oldest's counts taken
-back out: bounded memory). The draft follows the most frequent continuation of the longest suffix found, while its
-estimated probability stays >= ``suffix_decoding_min_token_prob``, for at most ``suffix_decoding_max_spec_factor``
-x the match's length; of the two trees' drafts, the one worth more expected tokens is proposed.
+lookup (``ngram``) copies what followed the first occurrence of the last few tokens, in this request alone; suffix
+decoding keeps every continuation with its count, in two trees, as Arctic's ``SuffixDecodingCache``: the request's
+prompt and output, and the answers of the last ``suffix_decoding_max_cached_requests`` requests, counted as they
+are generated and taken back out, first in first out, when a newer request needs the slot (bounded memory).
+Arctic's tree also compresses paths (a node per run of tokens), left out here for the lesson.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 from common.sequence import Sequence
 
@@ -23,11 +21,18 @@ class Node:
     __slots__ = ("count", "children")
 
     def __init__(self):
-        self.count, self.children = 0, {}
+        self.count, self.children = 0, {}  # children in the order they were made: of equal counts, the oldest wins
+
+
+class Draft(NamedTuple):  # score: the sum of its tokens' probabilities; match_len: the context's tokens it follows
+    tokens: list[int]
+    score: float
+    match_len: int
 
 
 class SuffixTree:
-    """Every stretch of up to ``depth`` consecutive tokens of each text fed, counted, as paths from the root."""
+    """Every stretch of up to ``depth`` consecutive tokens of each text fed, as paths from the root: a node's count
+    is how often the path to it occurs in the texts."""
 
     def __init__(self, depth: int):
         self.depth, self.root = depth, Node()
@@ -40,85 +45,83 @@ class SuffixTree:
     def extend(self, tokens: list[int], old: int) -> None:
         """The text grew from ``old`` tokens to ``len(tokens)``: count the stretches that reach the new ones."""
         for start in range(max(0, old - self.depth + 1), len(tokens)):
-            stretch = tokens[start:start + self.depth]
-            self.walk(stretch, 1, skip=max(0, old - start))
+            self.walk(tokens[start:start + self.depth], 1, skip=max(0, old - start))
 
     def walk(self, stretch: list[int], sign: int, skip: int = 0) -> None:
-        """Add ``sign`` to the count of each node along ``stretch`` past its first ``skip`` tokens (already
-        counted); a node whose count falls to 0 is removed."""
+        """``sign`` added to each count along ``stretch`` past ``skip`` tokens; a count of 0 removes the node."""
         node = self.root
         for i, token in enumerate(stretch):
-            child = node.children.get(token)
-            if child is None:
-                child = node.children[token] = Node()
-            if i >= skip:
-                child.count += sign
-            if child.count == 0:  # nothing passes through it now, nor through what hangs below it
+            child = node.children.get(token) or node.children.setdefault(token, Node())
+            child.count += sign if i >= skip else 0
+            if child.count == 0:
                 del node.children[token]
                 return
             node = child
 
-    def draft(self, context: list[int], k: int, factor: float, min_prob: float) -> tuple[list[int], float]:
-        """The draft for ``context``: from the longest suffix of it that has a continuation here, the most frequent
-        path; with its worth (the sum of each token's estimated probability)."""
-        for n in range(min(self.depth - 1, len(context)), 0, -1):
+    def speculate(self, context: list[int], k: int, factor: float, min_prob: float, offset: float = 0.0) -> Draft:
+        """Arctic's ``SuffixTree::speculate``: each suffix of the last ``depth`` tokens (1, 2, ..., shorter than the
+        context) found here is a match; from each the most frequent path is followed, a token's probability the
+        product of child count over parent count, while >= ``min_prob``, for at most ``factor`` x match length +
+        ``offset`` (vLLM: none) and ``k`` tokens. The best score wins (a tie: the longer match)."""
+        context, best = context[-self.depth:], Draft([], 0.0, 0)
+        for n in range(1, len(context)):
             node = self.root
             for token in context[-n:]:
-                node = node.children.get(token)
-                if node is None:
+                node = node.children.get(token) if node else None
+            if node is None:  # no longer suffix is here either
+                break
+            draft, prob, score = [], 1.0, 0.0
+            while len(draft) < min(k, int(n * factor + offset + 1e-6)) and node.children:
+                token, child = max(node.children.items(), key=lambda kv: kv[1].count)
+                prob *= child.count / node.count  # the parent's count: occurrences that end here count against
+                if prob < min_prob:
                     break
-            if node is not None and node.children:
-                return follow(node, min(k, int(factor * n)), min_prob)
-        return [], 0.0
-
-
-def follow(node: Node, limit: int, min_prob: float) -> tuple[list[int], float]:
-    draft, prob, worth = [], 1.0, 0.0
-    while len(draft) < limit and node.children:
-        token, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
-        prob *= child.count / sum(c.count for c in node.children.values())
-        if prob < min_prob:
-            break
-        draft.append(token)
-        worth += prob
-        node = child
-    return draft, worth
+                draft.append(token)
+                score, node = score + prob, child
+            best = Draft(draft, score, n) if score >= best.score else best
+        return best
 
 
 class SuffixProposer(Proposer):
-    """``speculative_config`` method ``suffix``: drafts from the request's own tree and the global one."""
+    """Method ``suffix``: of the drafts of the request's tree and the global one, the higher score (a tie: its own)."""
 
     def __init__(self, k: int, depth: int, max_cached_requests: int, factor: float, min_prob: float,
                  disable_by_batch_size: int | None = None):
         super().__init__(k, disable_by_batch_size)
         self.depth, self.max_cached, self.factor, self.min_prob = depth, max_cached_requests, factor, min_prob
         self.own: dict[int, tuple[Sequence, SuffixTree, int]] = {}  # seq_id -> (seq, its tree, tokens fed to it)
-        self.cached: OrderedDict[int, list[int]] = OrderedDict()  # the global tree's answers, oldest first
+        self.cached: OrderedDict[int, list[int]] = OrderedDict()  # the global tree's answers as fed, oldest first
         self.tree = SuffixTree(depth)  # the global tree
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         for seq_id in [i for i, (s, _, _) in self.own.items() if s.is_finished]:
-            self.finish(seq_id)
+            self.catch_up(self.own[seq_id][0])  # its answer stays in the global tree, whole; its own tree goes
+            del self.own[seq_id]
         return [self.draft(seq, k) for seq, k in zip(seqs, ks)]
 
     def draft(self, seq: Sequence, k: int) -> list[int]:
-        _, tree, fed = self.own.get(seq.seq_id) or (seq, SuffixTree(self.depth), 0)
-        tokens = seq.token_ids
+        if seq.seq_id not in self.own:  # a new request: its tree, and a slot for its answer (the oldest leaves)
+            self.own[seq.seq_id] = (seq, SuffixTree(self.depth), 0)
+            if self.max_cached:
+                self.cached[seq.seq_id] = []
+            while len(self.cached) > self.max_cached:
+                self.tree.add(self.cached.popitem(last=False)[1], sign=-1)
+        context = seq.token_ids[-self.depth:]
+        mine = self.catch_up(seq).speculate(context, k, self.factor, self.min_prob)
+        earlier = self.tree.speculate(context, k, self.factor, self.min_prob)
+        return (mine if mine.score >= earlier.score else earlier).tokens
+
+    def catch_up(self, seq: Sequence) -> SuffixTree:
+        """The tokens kept since last time into the request's tree and, while its slot lasts, the global one."""
+        (_, tree, fed), tokens = self.own[seq.seq_id], seq.token_ids
         tree.extend(tokens, fed)
         self.own[seq.seq_id] = (seq, tree, len(tokens))
-        mine = tree.draft(tokens, k, self.factor, self.min_prob)
-        earlier = self.tree.draft(tokens, k, self.factor, self.min_prob)
-        return max(mine, earlier, key=lambda d: d[1])[0]
-
-    def finish(self, seq_id: int) -> None:
-        """A finished request's answer joins the global tree; past the limit the oldest answer leaves it."""
-        seq, _, _ = self.own.pop(seq_id)
-        if self.max_cached == 0 or not seq.output_token_ids:
-            return
-        self.cached[seq_id] = list(seq.output_token_ids)
-        self.tree.add(self.cached[seq_id])
-        while len(self.cached) > self.max_cached:
-            self.tree.add(self.cached.popitem(last=False)[1], sign=-1)
+        answer = self.cached.get(seq.seq_id)
+        if answer is not None:
+            old = len(answer)
+            answer.extend(seq.output_token_ids[old:])
+            self.tree.extend(answer, old)
+        return tree
 
     def release(self) -> None:
-        self.own.clear()  # the requests' trees; the global one holds finished answers, and stays
+        self.own.clear()  # the requests' trees; the global one holds the answers, and stays
