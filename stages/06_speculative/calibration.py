@@ -1,8 +1,8 @@
 """The adaptive policy's first measurements (cost_model.py's `StepCost`), taken when the stage's `LLM` starts.
 
 A few steps of 1, 2, 4, ... requests, each feeding its rows alone and with drafts (prompts of random tokens, one
-step each, run on the engine directly: no observer, no server metric sees them), so the policy knows what rows
-cost on this machine before the first request. Every later step refines them.
+step each, run on the engine directly: no observer, no server metric sees them), and a few passes of a draft
+model, so the policy knows what rows and drafts cost on this machine before the first request. Every later step refines them.
 """
 from __future__ import annotations
 
@@ -52,3 +52,5 @@ def calibrate(llm) -> None:
                 engine.step()
         finally:
             engine.release()
+    for proposer in sched.proposers:  # what a draft model's pass costs here (draft_model.py)
+        proposer.calibrate()
