@@ -5,8 +5,8 @@ python -m stages.06_speculative serve [--speculative-config JSON] [--host H] [--
 The first: stage 05 and stage 06 on the same requests, side by side, at each in-flight limit: output tokens per
 second, the speedup, the acceptance rate (and by draft position), tokens per decoding step, the proposer's share of
 the step time, and where speculation stops paying. With --draft-layers: the early-exit table instead (the int4
-draft's first N layers and head, for each N, at 1 in flight). The edit workload sends each request's original text as its
-prediction (OpenAI's predicted outputs); the others draft with the configured method.
+draft's first N layers and head, for each N, at 1 in flight). The edit workload sends each request's original text
+as its prediction (OpenAI's predicted outputs); the others draft with the configured method.
 serve: the OpenAI-compatible server of stage 05 over stage 06's engine; chat completions accept ``prediction``."""
 import argparse
 import json

@@ -2,7 +2,8 @@
 
 A few steps of 1, 2, 4, ... requests, each feeding its rows alone and with drafts (prompts of random tokens, one
 step each, run on the engine directly: no observer, no server metric sees them), and a few passes of a draft
-model, so the policy knows what rows and drafts cost on this machine before the first request. Every later step refines them.
+model, so the policy knows what rows and drafts cost on this machine before the first request. Every later step
+refines them.
 """
 from __future__ import annotations
 

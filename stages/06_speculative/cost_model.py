@@ -6,8 +6,8 @@ step here, t(rows) = a + b * rows (per size class; seeded by calibration.py, ref
 `AdaptiveDrafts` keeps each request's acceptance α, so the j-th draft is worth α^j tokens (the first miss ends the
 run); `best_drafts` feeds the D most valuable drafts for the D with the most expected tokens per second. A draft
 model's guesses cost passes of their own: `PassCost` measures them (draft_model.py times every pass), and a draft
-model is asked only for the drafts worth their rows *and* its passes, so a cheaper draft (fewer layers) drafts more. The README
-("Drafting only where it pays") walks through it. vLLM calls it adaptive verification
+model is asked only for the drafts worth their rows *and* its passes, so a cheaper draft (fewer layers) drafts
+more. The README ("Drafting only where it pays") walks through it. vLLM calls it adaptive verification
 (``enable_adaptive_verification``); SGLang's ``--speculative-adaptive`` moves the draft length with acceptance.
 """
 from __future__ import annotations
