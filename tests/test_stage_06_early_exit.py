@@ -162,7 +162,7 @@ def measured(a, b):
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(alpha=st.floats(0, 1), n=st.integers(0, 8), a=st.floats(0.1, 5), b=st.floats(0, 2), pa=st.floats(0, 3),
+@given(alpha=st.floats(0, 1), n=st.integers(0, 8), a=st.floats(0.1, 5), b=st.floats(0, 2), pa=st.floats(0.001, 3),
        pb=st.floats(0, 1))
 def test_one_requests_drafts_are_priced_at_its_draft_passes_by_brute_force(alpha, n, a, b, pa, pb):
     """One request: k drafts cost k passes of the draft (one row each) plus the verify step's k rows; the choice
