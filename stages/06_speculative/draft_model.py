@@ -104,19 +104,22 @@ class DraftModelProposer(Proposer):
             state.fed.extend(f)
             state.num_cached_tokens = len(state.fed)
         tokens = self.model.compute_logits(hidden[last]).argmax(-1).tolist()  # on the host: the pass is done
-        self.pass_cost.observe(len(ids), time.perf_counter() - start)
+        if max(map(len, feeds)) <= self.k + 1:  # a drafting pass, what the policy prices (not a prompt's catch-up)
+            self.pass_cost.observe(len(ids), time.perf_counter() - start)
         return tokens
 
     def calibrate(self) -> None:
-        """Passes of 1, 2, 4 and 8 rows before the first request, so the policy prices drafts from the start; three
-        rounds, the first unmeasured (a row count's first pass pays one-time costs)."""
-        vocab = self.model.config.vocab_size
+        """Drafting passes of 1, 2, 4 and 8 requests before the first request, so the policy prices drafts from the
+        start; three rounds, the first unmeasured (a row count's first pass pays one-time costs)."""
+        bm, vocab = self.block_manager, self.model.config.vocab_size
         for i, rows in enumerate([1, 2, 4, 8] * 3):
-            state = DraftState(-1 - i)  # not a request's id
-            self.block_manager.allocate(state, [])
-            if self.block_manager.can_append(state, rows):
-                self.forward([state], [[3 + (i * 31 + j * 7) % (vocab - 3) for j in range(rows)]])
-            self.block_manager.free_sequence(state)
+            states = [DraftState(-1 - 8 * i - j) for j in range(rows)]  # not requests' ids
+            for state in states:
+                bm.allocate(state, [])
+            if bm.num_free_blocks >= rows:
+                self.forward(states, [[3 + (i * 31 + j * 7) % (vocab - 3)] for j in range(rows)])
+            for state in states:
+                bm.free_sequence(state)
             if i == 3:
                 self.pass_cost = PassCost()
 
