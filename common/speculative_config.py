@@ -50,9 +50,7 @@ class SpeculativeConfig:
     # CPU the rows of a verify pass are seldom free, and a fixed disable_by_batch_size suits one machine only.
     enable_adaptive_verification: bool = True
     suffix: tuple = ()  # suffix: (max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
-    # draft_model: keep the draft's first N decoder layers, then its final norm and head (self-speculative early
-    # exit: a cheaper draft from the same checkpoint); None: every layer. Its range is checked against the draft's
-    # config.json by `check_layers`, when EngineConfig.create reads the model's.
+    # draft_model: its first N decoder layers, then its final norm and head (early exit); None: every layer
     draft_num_layers: int | None = None
 
     @classmethod
@@ -117,10 +115,9 @@ class SpeculativeConfig:
         layers = value.get("draft_num_layers")
         if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
             raise InvalidParam("speculative_config.draft_num_layers", f"speculative_config.draft_num_layers="
-                               f"{clip(layers)} is invalid: give an integer from 1 to the draft model's "
-                               f"num_hidden_layers (its first N layers draft), or leave it out (all)")
-        return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix_options(method, value),
-                   layers)
+                               f"{clip(layers)} is invalid: give an integer from 1 to the draft's num_hidden_layers")
+        suffix = suffix_options(method, value)
+        return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix, layers)
 
     @property
     def suffix_options(self) -> dict:
@@ -152,9 +149,8 @@ class SpeculativeConfig:
             depth, cached, factor, prob = self.suffix
             return (f"suffix (k={k}, tree depth {depth}, {cached} answers cached, spec factor {factor}, min token "
                     f"prob {prob}{until})")
-        layers = f", its first {self.draft_num_layers} layers" if self.draft_num_layers else ""
-        return (f"draft_model (k={k}, {self.model or 'the same model'}, {self.quantization or 'unquantized'}{layers}"
-                f"{until})")
+        n = f", its first {self.draft_num_layers} layers" if self.draft_num_layers else ""
+        return f"draft_model (k={k}, {self.model or 'the same model'}, {self.quantization or 'unquantized'}{n}{until})"
 
 
 def suffix_options(method: str, value: dict) -> tuple:

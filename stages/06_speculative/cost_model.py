@@ -52,9 +52,8 @@ class StepCost:
 
 
 class PassCost:
-    """A draft model's pass seconds as a function of the rows it feeds, t(rows) = a + b * rows, fitted like
-    `StepCost` through the fastest pass at each row count (draft_model.py measures every pass, and a few at start).
-    Nothing measured yet: 0 (the passes are free until one says otherwise)."""
+    """A draft model's pass seconds against its rows, t(rows) = a + b * rows, fitted like `StepCost` (draft_model.py
+    measures its drafting passes, and a few at start). Nothing measured yet: 0."""
 
     def __init__(self, window: int = 48):
         self.points: deque = deque(maxlen=window)

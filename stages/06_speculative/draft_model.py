@@ -10,10 +10,9 @@ its OWN paged KV cache (a `BlockManager` and a cache of the engine's kind), one 
 3. roll back: next time, what it fed is compared with the tokens the target kept; its KV past the first difference
    (the rejected drafts) is given back (`BlockManager.truncate`), and catching up starts there.
 
-With ``draft_num_layers: N`` the copy keeps only the first N decoder layers, then the final norm and the head
-(self-speculative early exit: the layer stack cut short, no second checkpoint; `ModelOptions.load`'s ``num_layers``
-builds only those, and its KV pool holds N layers): a pass costs about N / num_hidden_layers of a full one, and it
-agrees less. Every pass is timed (``pass_cost``): the adaptive policy prices the draft's guesses by it.
+With ``draft_num_layers: N`` the copy keeps only its first N decoder layers, then the final norm and head (early
+exit; `ModelOptions.load`'s ``num_layers`` builds only those, its KV pool holds N layers): a cheaper pass that agrees
+less. Its drafting passes are timed (``pass_cost``): the adaptive policy prices its guesses by them.
 
 Drafting is greedy whatever the request samples: verification by exact match keeps exactly the target's tokens
 for any draft, so a draft only has to be likely, not distributed like the target.

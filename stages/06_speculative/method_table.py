@@ -100,7 +100,8 @@ def depth_report(rows: list[tuple], args, console: Console) -> None:
                  "drafts fed", "05 tok/s", "06 tok/s", "speedup", "same tokens"):
         t.add_column(name, justify="left" if name == "workload" else "right")
     for w, n, pass_ms, step_ms, acc, per_step, fed, proposed, base_tps, tps, same in rows:
-        t.add_row(w, str(n), f"{pass_ms:.2f}", f"{step_ms:.2f}" if step_ms == step_ms else "-", f"{acc:.1%}" if fed else "-", f"{per_step:.2f}",
+        t.add_row(w, str(n), f"{pass_ms:.2f}",
+                  f"{step_ms:.2f}" if step_ms == step_ms else "-", f"{acc:.1%}" if fed else "-", f"{per_step:.2f}",
                   f"{fed}/{proposed}", f"{base_tps:.1f}", f"{tps:.1f}", f"{tps / base_tps:.2f}x" if base_tps else "-",
                   "yes" if same else "NO")
     console.print(t)

@@ -103,10 +103,8 @@ class SpeculativeScheduler(Scheduler):
         base_rows = min(sum(s.num_new_tokens for s in self.running), self.max_num_batched_tokens)
         seqs = [s for s in self.running if s.seq_id in drafts]
         proposers = [self.proposer_for(s)[0] for s in seqs]
-        kinds = [type(p).__name__ for p in proposers]
-        passes = [p.pass_cost if priced else None for p in proposers]
-        ks = self.policy.choose(seqs, kinds, [drafts[s.seq_id] for s in seqs], base_tokens, base_rows, record,
-                                passes)
+        ks = self.policy.choose(seqs, [type(p).__name__ for p in proposers], [drafts[s.seq_id] for s in seqs],
+                                base_tokens, base_rows, record, [p.pass_cost if priced else None for p in proposers])
         return {s.seq_id: k for s, k in zip(seqs, ks)}
 
     def draft_caps(self) -> dict[int, int]:
