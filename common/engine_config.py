@@ -35,11 +35,11 @@ class ModelOptions:
     seed: int = 0
     batch_invariant: bool = True  # False: plain torch math, faster, but a request's tokens depend on its batch
 
-    def load(self, model_class: type[Llama] = Llama, **changes) -> Llama:
+    def load(self, model_class: type[Llama] = Llama, num_layers: int | None = None, **changes) -> Llama:
         """The checkpoint's weights in a stage's model class (``changes``: another folder, dtype or quantization,
-        for a draft model)."""
+        for a draft model; ``num_layers``: its first layers only, an early-exit draft)."""
         m = replace(self, **changes)
-        return load_model(m.folder, m.dtype, m.device, model_class, m.batch_invariant, m.quantization)
+        return load_model(m.folder, m.dtype, m.device, model_class, m.batch_invariant, m.quantization, num_layers)
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,9 @@ class EngineConfig:
         from common.prepare import resolve_model  # lazily: `python -m common.prepare` imports common first
         folder = resolve_model(model)
         context = model_context(ModelConfig.from_folder(folder), max_model_len)
+        if speculative is not None and speculative.draft_num_layers is not None:  # early exit: within the draft's
+            draft = resolve_model(speculative.model) if speculative.model else folder
+            speculative.check_layers(ModelConfig.from_folder(draft).num_hidden_layers)
         return cls(ModelOptions(str(folder), parse_dtype(dtype), device, context, quantization, seed, batch_invariant),
                    SchedulerConfig(max_num_seqs, max_num_batched_tokens, context, enable_chunked_prefill,
                                    enable_preemption, max_waiting),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -69,8 +70,10 @@ def is_extra(name: str, c: ModelConfig) -> bool:
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | None = "auto",
                model_class: type[Llama] = Llama, batch_invariant: bool = True,
-               quantization: str | None = None) -> Llama:
-    """quantization: None (the dtype throughout), 'int8', 'int4' or 'w4a8' (see common.numerics.quant)."""
+               quantization: str | None = None, num_layers: int | None = None) -> Llama:
+    """quantization: None (the dtype throughout), 'int8', 'int4' or 'w4a8' (see common.numerics.quant).
+    num_layers: build the first N decoder layers only, then the final norm and head (an early-exit draft, stage
+    06); the checkpoint is checked whole, and the other layers' tensors are never read (memory-mapped)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     files = sorted(folder.glob("*.safetensors"))
@@ -92,6 +95,13 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "bfloat16", device
         if tuple(weights[name].shape) != shape:
             raise ValueError(f"{folder}: tensor {name!r} has shape {tuple(weights[name].shape)}, "
                              f"config.json implies {shape}")
+    if num_layers is not None:
+        if not 1 <= num_layers <= config.num_hidden_layers:
+            raise ValueError(f"num_layers={num_layers}: {folder} has {config.num_hidden_layers} layers")
+        kept = {f"model.layers.{i}." for i in range(num_layers)}
+        weights = {n: t for n, t in weights.items() if not n.startswith("model.layers.") or
+                   ".".join(n.split(".")[:3]) + "." in kept}
+        config = replace(config, num_hidden_layers=num_layers)
     return model_class(config, weights, parse_dtype(dtype), resolve_device(device), batch_invariant=batch_invariant,
                        quantization=quantization)
 

@@ -4,6 +4,8 @@ each error naming the key to fix. Stage 06 (stages/06_speculative/) reads it to 
     LLM(..., speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                  "prompt_lookup_min": 2, "prompt_lookup_max": 5})
     LLM(..., speculative_config={"method": "draft_model", "num_speculative_tokens": 4})  # int4 copy of the model
+    LLM(..., speculative_config={"method": "draft_model", "num_speculative_tokens": 4,  # its first 8 layers and the
+                                 "draft_num_layers": 8})                               # head (early exit)
     LLM(..., speculative_config={"method": "suffix", "num_speculative_tokens": 8,  # suffix trees, vLLM's keys
                                  "suffix_decoding_max_tree_depth": 24, "suffix_decoding_min_token_prob": 0.1})
 
@@ -24,7 +26,7 @@ METHODS = ("ngram", "draft_model", "suffix")
 # Past 16 drafts the later positions are almost never accepted, while every one of them is a row to verify.
 MAX_SPECULATIVE_TOKENS = 16
 KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization",
-        "disable_by_batch_size", "enable_adaptive_verification", *(f"suffix_decoding_{k}" for k in
+        "draft_num_layers", "disable_by_batch_size", "enable_adaptive_verification", *(f"suffix_decoding_{k}" for k in
         ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"))}
 # vLLM's defaults for method "suffix" (vllm/config/speculative.py): tree depth 24, 10,000 cached answers, drafts of up
 # to 1.0 x the match's length, tokens of estimated probability >= 0.1.
@@ -48,6 +50,8 @@ class SpeculativeConfig:
     # CPU the rows of a verify pass are seldom free, and a fixed disable_by_batch_size suits one machine only.
     enable_adaptive_verification: bool = True
     suffix: tuple = ()  # suffix: (max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
+    # draft_model: its first N decoder layers, then its final norm and head (early exit); None: every layer
+    draft_num_layers: int | None = None
 
     @classmethod
     def parse(cls, value) -> SpeculativeConfig | None:
@@ -94,7 +98,7 @@ class SpeculativeConfig:
                     raise InvalidParam(f"speculative_config.{key}", f"speculative_config.{key} applies to method "
                                        f"'ngram' only, not {method!r}")
         if method != "draft_model":
-            for key in ("model", "quantization"):
+            for key in ("model", "quantization", "draft_num_layers"):
                 if value.get(key) is not None:
                     raise InvalidParam(f"speculative_config.{key}", f"speculative_config.{key} applies to method "
                                        f"'draft_model' only, not {method!r}")
@@ -108,7 +112,12 @@ class SpeculativeConfig:
             check_int("speculative_config.disable_by_batch_size", off, 1)
         adaptive = value.get("enable_adaptive_verification", True)
         check_bool("speculative_config.enable_adaptive_verification", adaptive)
-        return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix_options(method, value))
+        layers = value.get("draft_num_layers")
+        if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
+            raise InvalidParam("speculative_config.draft_num_layers", f"speculative_config.draft_num_layers="
+                               f"{clip(layers)} is invalid: give an integer from 1 to the draft's num_hidden_layers")
+        suffix = suffix_options(method, value)
+        return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix, layers)
 
     @property
     def suffix_options(self) -> dict:
@@ -122,6 +131,14 @@ class SpeculativeConfig:
                                f"steps of at least {self.num_speculative_tokens + 1} tokens, but "
                                f"max_num_batched_tokens={max_num_batched_tokens}")
 
+    def check_layers(self, num_hidden_layers: int) -> None:
+        """``draft_num_layers`` must be 1 to the draft checkpoint's ``num_hidden_layers``."""
+        n = self.draft_num_layers
+        if n is not None and not 1 <= n <= num_hidden_layers:
+            raise InvalidParam("speculative_config.draft_num_layers",
+                               f"speculative_config.draft_num_layers={n} is invalid: the draft model has "
+                               f"{num_hidden_layers} layers, so give 1 to {num_hidden_layers} (or leave it out: all)")
+
     def describe(self) -> str:
         k, off = self.num_speculative_tokens, self.disable_by_batch_size
         until = (f", off above {off} running" if off else "") + \
@@ -132,7 +149,8 @@ class SpeculativeConfig:
             depth, cached, factor, prob = self.suffix
             return (f"suffix (k={k}, tree depth {depth}, {cached} answers cached, spec factor {factor}, min token "
                     f"prob {prob}{until})")
-        return f"draft_model (k={k}, {self.model or 'the same model'}, {self.quantization or 'unquantized'}{until})"
+        n = f", its first {self.draft_num_layers} layers" if self.draft_num_layers else ""
+        return f"draft_model (k={k}, {self.model or 'the same model'}, {self.quantization or 'unquantized'}{n}{until})"
 
 
 def suffix_options(method: str, value: dict) -> tuple:

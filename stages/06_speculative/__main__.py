@@ -1,10 +1,12 @@
 """python -m stages.06_speculative [--workload edit,extract,chat] [--in-flight 1,8,64] [--speculative-config JSON]
+python -m stages.06_speculative --draft-layers 4,8,16,30 [--workload ...] [--draft-always]
 python -m stages.06_speculative serve [--speculative-config JSON] [--host H] [--port P] [--api-key K]
 
 The first: stage 05 and stage 06 on the same requests, side by side, at each in-flight limit: output tokens per
 second, the speedup, the acceptance rate (and by draft position), tokens per decoding step, the proposer's share of
-the step time, and where speculation stops paying. The edit workload sends each request's original text as its
-prediction (OpenAI's predicted outputs); the others draft with the configured method.
+the step time, and where speculation stops paying. With --draft-layers: the early-exit table instead (the int4
+draft's first N layers and head, for each N, at 1 in flight). The edit workload sends each request's original text
+as its prediction (OpenAI's predicted outputs); the others draft with the configured method.
 serve: the OpenAI-compatible server of stage 05 over stage 06's engine; chat completions accept ``prediction``."""
 import argparse
 import json
@@ -66,6 +68,9 @@ def main(argv=None) -> None:
                          "agentic (one file edited turn after turn)")
     ap.add_argument("--methods", default="ngram,suffix",
                     help="compare: also tokens per step by drafting method at 1 in flight ('' for none)")
+    ap.add_argument("--draft-layers", type=int_list, default=None,
+                    help="compare: instead, the early-exit table: the int4 draft cut to its first N layers and its "
+                         "head, for each N (e.g. 4,8,16,30), at 1 in flight beside stage 05")
     ap.add_argument("--in-flight", type=int_list, default=[1, 8, 64], help="compare: max_num_seqs values")
     ap.add_argument("--num-requests", type=int, default=8, help="compare: requests per run (at least the limit)")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -104,10 +109,13 @@ def run(args: argparse.Namespace) -> None:
         finally:
             llm.shutdown()
         return
+    from stages.speculative import method_table
+    if args.draft_layers:
+        method_table.depth_report(method_table.depth_rows(args, args.draft_layers), args, console)
+        return
     from stages.speculative.measure import measure, report
     recorder = xray.recorder(args, {"model": args.model, "speculative_config": str(args.speculative_config)})
     report(measure(args, console, recorder), args, console)
-    from stages.speculative import method_table
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if any(m not in method_table.METHODS for m in methods):
         raise SystemExit(f"error: --methods {args.methods!r}: use {', '.join(method_table.METHODS)}")

@@ -6,7 +6,8 @@ real request's are: every fed row runs the layers AND the LM head and is checked
 rows would compute logits for its last rows only. An earlier version timed prefills: the LM head of the draft rows
 (a sixth of a 135M model's step at 64 rows) went unmeasured, the fit took those fastest times, and the policy fed
 drafts at 16-64 in flight where they lost. The requests run on the engine directly (no observer, no server metric
-sees them); every later step refines the fit.
+sees them). Then a few passes of a draft model, where one drafts (draft_model.py), so the policy knows what
+rows and drafts cost on this machine before the first request; every later step refines the fits.
 """
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ def calibrate(llm) -> None:
     with sched.drafting_with(proposer):
         for i, (batch, drafts) in enumerate(batches[-1:] + batches):  # the first pays one-time costs, unmeasured
             measure(engine, llm, batch, drafts if i > 0 else drafts[-1:], proposer, policy if i > 0 else None, seed=i)
+    for each in sched.proposers:  # what a draft model's pass costs here (draft_model.py)
+        each.calibrate()
 
 
 def measure(engine, llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, seed: int) -> None:

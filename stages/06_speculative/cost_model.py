@@ -4,8 +4,10 @@ A draft row pays only while a step is bound by reading the weights; where that s
 load and the workload, so no constant (``disable_by_batch_size``) is right everywhere. `StepCost` measures a
 step here, t(rows) = a + b * rows (per size class; seeded by calibration.py, refined by every step);
 `AdaptiveDrafts` keeps each request's acceptance α, so the j-th draft is worth α^j tokens (the first miss ends the
-run); `best_drafts` feeds the D most valuable drafts for the D with the most expected tokens per second. The README
-("Drafting only where it pays") walks through it. vLLM calls it adaptive verification
+run); `best_drafts` feeds the D most valuable drafts for the D with the most expected tokens per second. A draft
+model's guesses cost passes of their own: `PassCost` measures them (draft_model.py times every pass), and a draft
+model is asked only for the drafts worth their rows *and* its passes, so a cheaper draft (fewer layers) drafts
+more. The README ("Drafting only where it pays") walks through it. vLLM calls it adaptive verification
 (``enable_adaptive_verification``); SGLang's ``--speculative-adaptive`` moves the draft length with acceptance.
 """
 from __future__ import annotations
@@ -49,6 +51,22 @@ class StepCost:
         return a + b * rows
 
 
+class PassCost:
+    """A draft model's pass seconds against its rows, t(rows) = a + b * rows, fitted like `StepCost` (draft_model.py
+    measures its drafting passes, and a few at start). Nothing measured yet: 0."""
+
+    def __init__(self, window: int = 48):
+        self.points: deque = deque(maxlen=window)
+        self.ab = (0.0, 0.0)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        self.points.append((rows, seconds))
+        self.ab = fit(self.points) or (min(t for _, t in self.points), 0.0)  # one row count: its fastest pass
+
+    def seconds(self, rows: int) -> float:
+        return self.ab[0] + self.ab[1] * rows if rows > 0 else 0.0
+
+
 def fit(points) -> tuple[float, float] | None:
     """Least squares t = a + b * rows through the fastest step at each row count (another process on the machine
     only ever adds time, so the fastest is the truest); None while the rows do not spread (no slope measured).
@@ -65,17 +83,28 @@ def fit(points) -> tuple[float, float] | None:
     return max(my - b * mx, 1e-6), b
 
 
-def best_drafts(alphas: list[float], lengths: list[int], base_tokens: float, base_rows: int, cost) -> list[int]:
+def best_drafts(alphas: list[float], lengths: list[int], base_tokens: float, base_rows: int, cost,
+                passes: list[PassCost | None] | None = None) -> list[int]:
     """How many of its ``lengths[i]`` proposed drafts each request feeds: the D most valuable draft positions (the
-    j-th of request i worth alphas[i] ** j), for the D that maximizes expected tokens per second."""
+    j-th of request i worth alphas[i] ** j), for the D that maximizes expected tokens per second. ``passes[i]``:
+    what request i's drafts cost to make, when a draft model makes them (None: nothing, a lookup); its j-th draft
+    needs the draft's j-th pass, one batched pass for every request drafting that far, priced by its rows."""
     slots = sorted(((min(a, ALPHA_MAX) ** j, -j, i) for i, (a, n) in enumerate(zip(alphas, lengths))
                     for j in range(1, n + 1)), reverse=True)  # ties: earlier positions first (a draft is a prefix)
+    passes = passes or [None] * len(lengths)
+    in_pass: Counter = Counter()  # (draft model, j) -> requests its j-th pass drafts for
+    drafting = 0.0  # seconds of draft passes the D best cost
+
     def seconds(rows):
-        return max(cost.seconds(base_rows, rows), 1e-12)
+        return max(cost.seconds(base_rows, rows) + drafting, 1e-12)
 
     tokens, best, best_d = base_tokens, base_tokens / seconds(base_rows), 0
-    for d, (worth, _, _) in enumerate(slots, 1):
+    for d, (worth, j, i) in enumerate(slots, 1):
         tokens += worth
+        if passes[i] is not None:  # one more row in the draft's j-th pass (the first of it: the pass itself)
+            key = (id(passes[i]), -j)
+            drafting += passes[i].seconds(in_pass[key] + 1) - passes[i].seconds(in_pass[key])
+            in_pass[key] += 1
         rate = tokens / seconds(base_rows + d)
         if rate > best:
             best, best_d = rate, d
@@ -104,12 +133,12 @@ class AdaptiveDrafts:
         return (hits + prior * self.prior_weight) / (tries + self.prior_weight)
 
     def choose(self, seqs: list[Sequence], kinds: list[str], drafts: list[list[int]], base_tokens: int,
-               base_rows: int, record: bool = True) -> list[int]:
-        """How many of each request's proposed drafts to feed this step. Every proposal is remembered, fed or not
-        (``record``): the tokens the step keeps score it (`score`), so a request not drafting still shows what
-        drafting would have kept."""
+               base_rows: int, record: bool = True, passes: list[PassCost | None] | None = None) -> list[int]:
+        """How many of each request's proposed drafts to feed this step (``passes``: what making them costs, for
+        drafts not made yet). Every proposal is remembered, fed or not (``record``): the tokens the step keeps score
+        it (`score`), so a request not drafting still shows what drafting would have kept."""
         alphas = [self.acceptance(s, k) for s, k in zip(seqs, kinds)]
-        ks = best_drafts(alphas, [len(d) for d in drafts], base_tokens, base_rows, self.cost)
+        ks = best_drafts(alphas, [len(d) for d in drafts], base_tokens, base_rows, self.cost, passes)
         if not record:
             return ks
         for seq, kind, draft, k in zip(seqs, kinds, drafts, ks):

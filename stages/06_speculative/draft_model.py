@@ -10,10 +10,16 @@ its OWN paged KV cache (a `BlockManager` and a cache of the engine's kind), one 
 3. roll back: next time, what it fed is compared with the tokens the target kept; its KV past the first difference
    (the rejected drafts) is given back (`BlockManager.truncate`), and catching up starts there.
 
+With ``draft_num_layers: N`` the copy keeps only its first N decoder layers, then the final norm and head (early
+exit; `ModelOptions.load`'s ``num_layers`` builds only those, its KV pool holds N layers): a cheaper pass that agrees
+less. Its drafting passes are timed (``pass_cost``): the adaptive policy prices its guesses by them.
+
 Drafting is greedy whatever the request samples: verification by exact match keeps exactly the target's tokens
 for any draft, so a draft only has to be likely, not distributed like the target.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -21,6 +27,7 @@ from common.sequence import Sequence
 from stages.kernels import KernelLlama, KernelPagedCache  # stage 04: model.py, kernel_cache.py (what build loads)
 from stages.paged_kv import BlockManager  # stage 03: block_manager.py
 
+from .cost_model import PassCost
 from .proposer import Proposer
 
 
@@ -42,6 +49,7 @@ class DraftModelProposer(Proposer):
         self.model, self.max_catch_up = model, max_catch_up  # prompt tokens it catches up on per step, at most
         self.block_manager, self.cache = block_manager, cache
         self.states: dict[int, tuple[Sequence, DraftState]] = {}
+        self.pass_cost = PassCost()  # seconds of each of its passes against the rows fed
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         for seq_id in [i for i, (s, _) in self.states.items() if s.is_finished]:
@@ -82,7 +90,7 @@ class DraftModelProposer(Proposer):
 
     def forward(self, states: list[DraftState], feeds: list[list[int]]) -> list[int]:
         """One batched pass of the draft model: each state is fed its tokens; the greedy next token of each."""
-        bm, dev = self.block_manager, self.model.device
+        bm, dev, start = self.block_manager, self.model.device, time.perf_counter()
         for state, ids in zip(states, feeds):
             bm.append_slots(state, len(ids))
         self.cache.prepare(states, [len(f) for f in feeds], [bm.table(s) for s in states])
@@ -94,7 +102,25 @@ class DraftModelProposer(Proposer):
         for state, f in zip(states, feeds):
             state.fed.extend(f)
             state.num_cached_tokens = len(state.fed)
-        return self.model.compute_logits(hidden[last]).argmax(-1).tolist()
+        tokens = self.model.compute_logits(hidden[last]).argmax(-1).tolist()  # on the host: the pass is done
+        if max(map(len, feeds)) <= self.k + 1:  # a drafting pass, what the policy prices (not a prompt's catch-up)
+            self.pass_cost.observe(len(ids), time.perf_counter() - start)
+        return tokens
+
+    def calibrate(self) -> None:
+        """Drafting passes of 1, 2, 4 and 8 requests before the first request, so the policy prices drafts from the
+        start; three rounds, the first unmeasured (a row count's first pass pays one-time costs)."""
+        bm, vocab = self.block_manager, self.model.config.vocab_size
+        for i, rows in enumerate([1, 2, 4, 8] * 3):
+            states = [DraftState(-1 - 8 * i - j) for j in range(rows)]  # not requests' ids
+            for state in states:
+                bm.allocate(state, [])
+            if bm.num_free_blocks >= rows:
+                self.forward(states, [[3 + (i * 31 + j * 7) % (vocab - 3)] for j in range(rows)])
+            for state in states:
+                bm.free_sequence(state)
+            if i == 3:
+                self.pass_cost = PassCost()
 
     def state(self, seq: Sequence) -> DraftState:
         if seq.seq_id not in self.states:

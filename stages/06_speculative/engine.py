@@ -41,7 +41,8 @@ def paged_cache(model: KernelLlama, blocks: BlockManager, fused_attention: bool 
 def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: KernelLlama,
                           blocks: BlockManager) -> list[Proposer]:
     """What ``speculative_config`` drafts with, in priority order: a request's predicted output, then the method's
-    proposer (n-gram lookup, or a draft model with a pool of its own, of the engine's size). None when it is off."""
+    proposer (n-gram lookup, or a draft model with a pool of its own, of the engine's size in blocks, for its own
+    layers: ``draft_num_layers`` of them when cut short). None when it is off."""
     spec = config.speculative
     if spec is None:
         return []
@@ -53,7 +54,8 @@ def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: Ker
     else:
         folder = str(resolve_model(spec.model)) if spec.model else config.model.folder
         dtype = "bfloat16" if spec.quantization else config.model.dtype  # quantized weights compute in bfloat16
-        draft = config.model.load(KernelLlama, folder=folder, dtype=dtype, quantization=spec.quantization)
+        draft = config.model.load(KernelLlama, spec.draft_num_layers,  # None: all layers; N: early exit
+                                  folder=folder, dtype=dtype, quantization=spec.quantization)
         if draft.config.vocab_size != model.config.vocab_size:
             raise ValueError(f"speculative_config.model has a vocabulary of {draft.config.vocab_size} tokens, the "
                              f"model {model.config.vocab_size}: a draft model must share the tokenizer")

@@ -14,6 +14,10 @@ class Proposer:
     """Drafts up to ``k`` tokens for the requests it ``claims``, none while more than ``disable_by_batch_size``
     requests run (vLLM's key: batching fills the step, and speculation stops paying)."""
     cheap = True  # guessing costs next to nothing (a lookup): the policy may ask for every guess and feed a part
+    pass_cost = None  # a draft model: its measured passes (cost_model.PassCost), which the policy prices drafts by
+
+    def calibrate(self) -> None:
+        """A first measurement of what guessing costs, before the first request (calibration.py); a lookup: none."""
 
     def __init__(self, k: int, disable_by_batch_size: int | None = None):
         self.k, self.disable_by_batch_size = k, disable_by_batch_size

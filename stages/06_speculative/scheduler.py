@@ -90,8 +90,9 @@ class SpeculativeScheduler(Scheduler):
             if caps.get(seq.seq_id, 0) > 0:
                 proposer = self.proposer_for(seq)[0]
                 groups.setdefault(id(proposer), (proposer, []))[1].append(seq)
-        if self.policy is not None and any(not p.cheap for p, _ in groups.values()):
-            worth = self.choose({s.seq_id: [0] * caps[s.seq_id] for _, seqs in groups.values() for s in seqs}, False)
+        if self.policy is not None and any(not p.cheap for p, _ in groups.values()):  # priced with its passes
+            worth = self.choose({s.seq_id: [0] * caps[s.seq_id] for _, seqs in groups.values() for s in seqs}, False,
+                                priced=True)
             for proposer, seqs in groups.values():
                 if not proposer.cheap:  # asked only for what the policy would feed if every guess came
                     caps.update({s.seq_id: worth[s.seq_id] for s in seqs})
@@ -105,13 +106,15 @@ class SpeculativeScheduler(Scheduler):
             if seq.seq_id in drafts:
                 seq.spec_token_ids = drafts[seq.seq_id][:ks[seq.seq_id]]
 
-    def choose(self, drafts: dict[int, list[int]], record: bool = True) -> dict[int, int]:
-        """seq_id -> how many of its proposed drafts the policy feeds, given the step's own rows and tokens."""
+    def choose(self, drafts: dict[int, list[int]], record: bool = True, priced: bool = False) -> dict[int, int]:
+        """seq_id -> how many of its proposed drafts the policy feeds, given the step's own rows and tokens;
+        ``priced``: the drafts are not made yet, so a draft model's passes (its ``pass_cost``) count too."""
         base_tokens = sum(s.num_new_tokens == 1 for s in self.running)  # each decoding request's own token
         base_rows = min(sum(s.num_new_tokens for s in self.running), self.max_num_batched_tokens)
         seqs = [s for s in self.running if s.seq_id in drafts]
-        kinds = [type(self.proposer_for(s)[0]).__name__ for s in seqs]
-        ks = self.policy.choose(seqs, kinds, [drafts[s.seq_id] for s in seqs], base_tokens, base_rows, record)
+        proposers = [self.proposer_for(s)[0] for s in seqs]
+        ks = self.policy.choose(seqs, [type(p).__name__ for p in proposers], [drafts[s.seq_id] for s in seqs],
+                                base_tokens, base_rows, record, [p.pass_cost if priced else None for p in proposers])
         return {s.seq_id: k for s, k in zip(seqs, ks)}
 
     def draft_caps(self) -> dict[int, int]:
