@@ -18,7 +18,7 @@ from common.sampling import SamplingParams
 from common.validate import InvalidParam
 from stages.cli import device_arg
 from stages.xray import cli as xray
-from stages.structured.bench import chat_ids, mask_cost, run_suite, summary, time_per_token
+from stages.structured.bench import PIECES, chat_ids, mask_cost, per_step, pieces, run_suite, summary, time_per_token
 from stages.structured.engine import LLM
 from stages.structured.suite import CASES
 
@@ -37,7 +37,11 @@ def main(argv=None) -> None:
     ap.add_argument("--grammar-compile-budget-s", type=float, default=2.0,
                     help="seconds a grammar may take to compile; past them its request fails alone (coverage: "
                          "a slower compile is counted refused)")
-    ap.add_argument("--in-flight", default="1,64", help="demo: the in-flight limits the time per token is taken at")
+    ap.add_argument("--in-flight", default="1,16,64", help="demo: the in-flight limits the time per token is taken at")
+    ap.add_argument("--forced-budget-us", type=float, default=None,
+                    help="the forced tokens' look-ahead per step, µs at most (default: the stage's, engine.py)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="fill a step's masks on a worker thread while the forward runs (masks.py)")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
     ap.add_argument("--structured-outputs-config.backend", dest="backend", default="auto",
                     choices=["auto", "xgrammar", "guidance", "fsm"], help="the grammar backend (vLLM's names)")
@@ -82,7 +86,11 @@ def make_llm(args, **changes) -> LLM:
                    grammar_cache_mb=args.grammar_cache_mb, grammar_compile_budget_s=args.grammar_compile_budget_s)
     if getattr(args, "speculative_config", None):
         options["speculative_config"] = args.speculative_config
-    return LLM(args.model, **{**options, **changes})
+    llm = LLM(args.model, **{**options, **changes})
+    if getattr(args, "forced_budget_us", None) is not None:  # measurement knobs on the built parts (masks.py)
+        llm.engine.scheduler.proposers[0].budget_us = args.forced_budget_us
+    llm.engine.runner.overlap = getattr(args, "overlap", False)
+    return llm
 
 
 def coverage_command(args) -> None:
@@ -135,11 +143,10 @@ def demo(llm, plain_llm, args, console: Console, recorder=None) -> None:
 
 def per_token(args, console: Console) -> None:
     """The JSON cases at each in-flight limit: unconstrained (the same number of tokens per request, EOS ignored),
-    constrained one token a step, constrained with forced tokens."""
+    constrained one token a step, constrained with forced tokens; with each piece's time per step (bench.pieces)."""
     json_cases = [c for c in CASES if "json" in c[2]]
-    table = Table(title="time per output token, ms (after each request's first)")
-    for col in ("in flight", "unconstrained", "JSON schema", "vs unconstrained", "JSON + forced", "vs unconstrained",
-                "steps: plain / forced"):
+    table = Table(title="time per output token, ms (after each request's first), and each piece's µs per step")
+    for col in ("in flight", "run", "ms / token", "vs unconstrained", "steps", *PIECES, "mask p99 / row"):
         table.add_column(col, justify="right")
     for limit in [int(x) for x in args.in_flight.split(",")]:
         plain_llm, llm = (make_llm(args, max_num_seqs=limit, num_forced_tokens=n) for n in (0, args.num_forced_tokens))
@@ -148,12 +155,15 @@ def per_token(args, console: Console) -> None:
         constrained = [SamplingParams(temperature=0, max_tokens=args.max_tokens, structured_outputs=so)
                        for _, _, so in cases]
         lengths = [len(o.token_ids) for o in plain_llm.generate(prompts, constrained)]  # also warms the grammar cache
-        masked, _, plain_steps = time_per_token(plain_llm, prompts, constrained)
-        forced, _, forced_steps = time_per_token(llm, prompts, constrained)
         free = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-        base, _, _ = time_per_token(plain_llm, prompts, free)
-        table.add_row(str(limit), f"{base:.1f}", f"{masked:.1f}", f"{masked / base - 1:+.1%}", f"{forced:.1f}",
-                      f"{forced / base - 1:+.1%}", f"{plain_steps} / {forced_steps}")
+        base = None
+        for name, engine, params in (("unconstrained", plain_llm, free), ("JSON schema", plain_llm, constrained),
+                                     ("JSON + forced", llm, constrained)):
+            before = pieces(engine)
+            ms, _, steps = time_per_token(engine, prompts, params)
+            cost, base = per_step(before, pieces(engine)), base or ms
+            table.add_row(str(limit), name, f"{ms:.2f}", f"{ms / base - 1:+.1%}", str(steps),
+                          *(f"{cost[k]:.0f}" for k in PIECES), f"{cost['mask p99']:.0f}")
     console.print(table)
 
 
