@@ -15,6 +15,7 @@ import torch
 
 from common import ReferenceLLM, SamplingParams
 from common.sampling import StructuredOutputsParams
+from common.validate import InvalidParam
 from workloads import TINY_VOCAB
 
 pytest.importorskip("xgrammar")
@@ -127,8 +128,7 @@ def test_a_mixed_batch_gives_the_references_tokens(structured_reference, overlap
     unconstrained rows and a constrained row on the per-row path: every request's tokens and finish are the
     reference's, and its log-probabilities those of the same engine masking row by row."""
     prompts, params = mixed_requests()
-    llm, per_row = make_llm(), make_llm()
-    llm.engine.runner.overlap = overlap
+    llm, per_row = make_llm(overlap_masks=overlap), make_llm()
     per_row.engine.runner.process_rows = lambda *args: set()  # the runner's default: every row alone
     got, expected = llm.generate(prompts, params), structured_reference.generate(prompts, params)
     assert outcomes(got) == outcomes(expected)
@@ -167,9 +167,9 @@ def test_the_look_ahead_keeps_to_its_budget_and_every_request_gets_its_turn(gram
 
 @pytest.mark.parametrize("budget_us", [0, 1e9])
 def test_the_tokens_are_the_same_with_any_look_ahead_budget(structured_reference, budget_us):
+    """No look-ahead (nothing forced) or an unbounded one: the reference's tokens either way."""
     prompts, params = mixed_requests()
-    llm = structured.LLM("tiny", dtype="bfloat16", max_num_seqs=8)
-    llm.engine.scheduler.proposers[0].budget_us = budget_us
+    llm = structured.LLM("tiny", dtype="bfloat16", max_num_seqs=8, forced_budget_us=budget_us)
     assert outcomes(llm.generate(prompts, params)) == outcomes(structured_reference.generate(prompts, params))
     assert (llm.engine.scheduler.proposers[0].forced > 0) == (budget_us > 0)
 
@@ -190,3 +190,10 @@ def test_the_schema_suite_gives_the_references_tokens_and_every_output_that_ends
     assert outcomes(got) == outcomes(expected)
     ended = [(o.text, case[2]) for o, case in zip(got, suite.CASES) if o.finish_reason == "stop"]
     assert ended and all(suite.check(text, so) is None for text, so in ended)
+
+
+@pytest.mark.parametrize("key, value", [("forced_budget_us", -1), ("forced_budget_us", "fast"),
+                                        ("overlap_masks", "yes")])
+def test_a_bad_option_is_refused_by_its_name(key, value):
+    with pytest.raises(InvalidParam, match=key):
+        structured.LLM("tiny", **{key: value})

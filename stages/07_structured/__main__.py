@@ -2,7 +2,8 @@
 
 demo: the schema suite (30 constrained requests) on SmolLM2 with every output checked, the tokens the grammar forced
 (steps with and without), the mask's cost per request per step, and the time per output token with and without a
-constraint at each --in-flight limit; serve: stage 05's OpenAI-compatible server on this stage's engine
+constraint at each --in-flight limit, with each piece of a step's time (forward, mask fill, apply, forced look-ahead,
+sampler; --time-only: that table alone); serve: stage 05's OpenAI-compatible server on this stage's engine
 (response_format json_schema / json_object, vLLM's structured_outputs); coverage: JSONSchemaBench's schemas
 compiled by each backend, and with --generate N greedy outputs validated (coverage.py)."""
 from __future__ import annotations
@@ -38,9 +39,10 @@ def main(argv=None) -> None:
                     help="seconds a grammar may take to compile; past them its request fails alone (coverage: "
                          "a slower compile is counted refused)")
     ap.add_argument("--in-flight", default="1,16,64", help="demo: the in-flight limits the time per token is taken at")
-    ap.add_argument("--forced-budget-us", type=float, default=None,
-                    help="the forced tokens' look-ahead per step, µs at most (default: the stage's, engine.py)")
-    ap.add_argument("--overlap", action="store_true",
+    ap.add_argument("--forced-budget-us", type=float, default=2000,
+                    help="the forced tokens' look-ahead a step: a request's starts while less is spent (-1: no bound)")
+    ap.add_argument("--time-only", action="store_true", help="demo: the time per output token table alone")
+    ap.add_argument("--overlap-masks", action="store_true",
                     help="fill a step's masks on a worker thread while the forward runs (masks.py)")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
     ap.add_argument("--structured-outputs-config.backend", dest="backend", default="auto",
@@ -62,6 +64,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.command == "coverage":
         return coverage_command(args)
+    if args.command == "demo" and args.time_only:
+        return per_token(args, Console())
     try:
         llm = make_llm(args)
     except InvalidParam as e:
@@ -83,14 +87,12 @@ def make_llm(args, **changes) -> LLM:
     """This stage's engine with the command line's options (``changes``: another in-flight limit, no forced tokens)."""
     options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
                    num_forced_tokens=args.num_forced_tokens, structured_outputs_config={"backend": args.backend},
-                   grammar_cache_mb=args.grammar_cache_mb, grammar_compile_budget_s=args.grammar_compile_budget_s)
+                   grammar_cache_mb=args.grammar_cache_mb, grammar_compile_budget_s=args.grammar_compile_budget_s,
+                   forced_budget_us=None if args.forced_budget_us < 0 else args.forced_budget_us,
+                   overlap_masks=args.overlap_masks)
     if getattr(args, "speculative_config", None):
         options["speculative_config"] = args.speculative_config
-    llm = LLM(args.model, **{**options, **changes})
-    if getattr(args, "forced_budget_us", None) is not None:  # measurement knobs on the built parts (masks.py)
-        llm.engine.scheduler.proposers[0].budget_us = args.forced_budget_us
-    llm.engine.runner.overlap = getattr(args, "overlap", False)
-    return llm
+    return LLM(args.model, **{**options, **changes})
 
 
 def coverage_command(args) -> None:

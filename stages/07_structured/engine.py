@@ -34,21 +34,20 @@ from .masks import BatchMasks, StructuredRunner
 
 __all__ = ["LLM", "StructuredOutputs", "build"]
 
-FORCED_BUDGET_US = 2000  # the forced tokens' look-ahead per step at most (forced.py), started within this budget
-
 
 def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
     """Stage 06's engine with the grammar's forced tokens as its first proposer, and masked log-probabilities."""
     model = config.model.load(KernelLlama)  # stage 04
     blocks = kv_blocks(config, model)  # stage 03
+    options = config.structured_outputs
     masks = BatchMasks(model.config.vocab_size)  # masks.py: a step's masks filled in one call per backend
-    proposers = [ForcedTokens(config.structured_outputs.num_forced_tokens, tokenizer.encode,  # forced.py
-                              FORCED_BUDGET_US, masks),
+    proposers = [ForcedTokens(options.num_forced_tokens, tokenizer.encode, options.forced_budget_us,  # forced.py
+                              masks),
                  *speculative_proposers(config, tokenizer, model, blocks)]  # stage 06's, for the other requests
     return LLMEngine(model, SpeculativeScheduler(config.scheduler, blocks, proposers,  # stage 06's scheduler
                                                  speculative_policy(config)),  # and its adaptive policy
                      paged_cache(model, blocks, config.cache.fused_attention),  # stage 04's cache
-                     StructuredRunner(model, masks))  # the masks applied at once; the masked distribution
+                     StructuredRunner(model, masks, options.overlap_masks))  # masks.py: masks applied at once
 
 
 class StructuredOutputs:
