@@ -14,9 +14,9 @@ Each mask is the one the per-row path computes (the same matcher state), kept in
 `GrammarConstraint`, so the tokens do not change. A request with other rules beside its grammar (min_tokens,
 allowed_token_ids, ...) keeps the per-row path: its grammar must come last in its chain.
 
-``overlap=True`` fills the step's masks on a worker thread while the forward runs (torch and both grammar libraries
-release the interpreter lock). On two cores the forward already uses both, so the fill takes a core from it: it is
-off by default (docs/structured.md).
+``overlap=True`` (``overlap_masks``) computes the masks of the step's rows on a worker thread while the forward runs
+(torch and both grammar libraries release the interpreter lock); the tokens are the same. On two cores the forward
+already uses both, so the worker takes a core from it: it is off by default (docs/structured.md).
 """
 from __future__ import annotations
 
@@ -101,17 +101,18 @@ class StructuredRunner(ModelRunner):
 
     def __init__(self, model, masks: BatchMasks, overlap: bool = False):
         super().__init__(model, logprobs_mode="processed_logprobs")  # the masked distribution
-        self.masks, self.overlap, self.worker, self.marks = masks, overlap, None, []
+        self.masks, self.overlap, self.worker, self.marks, self.filled_at = masks, overlap, None, [], 0.0
         self.costs = {"forward": 0.0, "apply": 0.0, "sampler": 0.0}  # seconds, summed over steps (fill: masks's)
-        # the last steps with constrained rows: (fill + apply) per constrained row, µs; and how many such steps
+        # the last steps with constrained rows: their masks' time (fill + apply) per constrained row, µs; how many
         self.mask_us, self.mask_steps, self.steps = deque(maxlen=4096), 0, 0
 
     def run(self, seqs, query_lens, cache):
         self.marks = [time.perf_counter()]
-        if self.overlap:  # the masks of the rows this step samples, filled while the forward runs
-            rules = [r for s, n in zip(seqs, query_lens) if s.num_cached_tokens + n == len(s) + len(s.spec_token_ids)
-                     and (r := only_constraint(s)) is not None]
-            self.worker = threading.Thread(target=self.masks.fill, args=(rules,), daemon=True)
+        if self.overlap:  # the masks of the rows this step samples, computed while the forward runs
+            rows = [(r, s.spec_token_ids) for s, n in zip(seqs, query_lens)
+                    if s.num_cached_tokens + n == len(s) + len(s.spec_token_ids)
+                    and (r := only_constraint(s)) is not None]
+            self.worker = threading.Thread(target=self.fill_rows, args=(rows,), daemon=True)
             self.worker.start()
         outputs = super().run(seqs, query_lens, cache)
         if self.worker is not None:
@@ -123,6 +124,13 @@ class StructuredRunner(ModelRunner):
             self.costs["sampler"] += end - marks[-1]
         self.steps += 1
         return outputs
+
+    def fill_rows(self, rows: list[tuple[GrammarConstraint, list[int]]]) -> None:
+        """Each request's masks at its position (one batched fill), then along its drafts (kept in its constraint)."""
+        self.masks.fill([rule for rule, _ in rows])
+        for rule, drafts in rows:
+            for j in range(1, len(drafts) + 1):
+                rule.mask_after(drafts[:j])
 
     def process_rows(self, seqs, sampled, outputs, logits) -> set[int]:
         start = time.perf_counter()
@@ -143,8 +151,9 @@ class StructuredRunner(ModelRunner):
         apply_masks(logits, rows, masks)
         end = time.perf_counter()
         self.costs["apply"] += end - filled  # the rows' masks looked up, then applied
-        if rows:
-            self.mask_us.append(1e6 * (end - start) / len(rows))
+        if rows:  # this step's fills (in the look-ahead, on the worker, here) and the apply, per constrained row
+            self.mask_us.append(1e6 * (self.masks.seconds - self.filled_at + end - filled) / len(rows))
             self.mask_steps += 1
+        self.filled_at = self.masks.seconds
         self.marks.append(end)
         return set(mine)
