@@ -36,7 +36,7 @@ UNIQUE = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum":
 # (constraint, backend): every backend, the hand-written automaton among them, and a checked matcher
 MIX = [({"choice": ["yes", "no", "maybe so"]}, "fsm"), ({"regex": r"\d{2,3}-[a-z]{2,4}"}, "fsm"),
        ({"json": COMPACT, "disable_any_whitespace": True}, "xgrammar"), ({"json": COMPACT}, "guidance"),
-       ({"json": suite.SCHEMAS["weather"]}, "xgrammar"), ({"json": suite.SCHEMAS["nested"]}, "guidance"),
+       ({"json": suite.SCHEMAS["sentiment"]}, "xgrammar"), ({"json": suite.SCHEMAS["nested"]}, "guidance"),
        ({"regex": r"(ab|c[^x]){1,3}"}, "xgrammar"), ({"json": UNIQUE}, "guidance"), ({"json": UNIQUE}, "xgrammar")]
 
 
