@@ -6,9 +6,9 @@ forward and the next step, while nothing else runs. vLLM batches both (vllm#5133
 Here `BatchMasks.fill` fills the masks of many requests at their current positions together, into one
 [requests, words] array: xgrammar's rows with its `BatchGrammarMatcher`, llguidance's with its `LLExecutor` (both
 native, without the interpreter lock), the hand-written automaton's from its masks cached per state (a lookup).
-`StructuredRunner` then applies the masks of every constrained row of a step with one call of xgrammar's CPU kernel
-(a 0 bit sets -inf) and samples those rows without the per-row processor chain: greedy rows join the batch's one
-vectorized argmax.
+`StructuredRunner` then applies the masks of every constrained row of a step at once (`apply_masks`: one table lookup
+for all of them, one add per request) and samples those rows without the per-row processor chain: greedy rows join
+the batch's one vectorized argmax.
 
 Each mask is the one the per-row path computes (the same matcher state), kept in the request's
 `GrammarConstraint`, so the tokens do not change. A request with other rules beside its grammar (min_tokens,
@@ -31,7 +31,7 @@ from common.runner import ModelRunner
 
 from .backend_guidance import GuidanceMatcher
 from .backend_xgrammar import XGrammarMatcher
-from .constraint import GrammarConstraint, apply_bitmask
+from .constraint import BYTE_BIAS, GrammarConstraint
 from .schema.checked import CheckedMatcher
 
 
@@ -80,20 +80,25 @@ class BatchMasks:
 
 
 def apply_masks(logits: torch.Tensor, rows: list[int], masks: list[np.ndarray]) -> None:
-    """-inf, in place, wherever a listed row's mask has a 0 bit: one native call for all of them (xgrammar's CPU
-    kernel; its Triton one on CUDA). A bitmask row per logits row; the rows not listed are never read."""
+    """-inf, in place, wherever a listed row's mask has a 0 bit (``rows`` ascending). On the CPU, constraint.py's
+    byte-to-biases lookup done once for all the rows, then one add per run of consecutive rows (a request's rows are
+    one run); xgrammar's own CPU kernel took several times longer (docs/structured.md). On CUDA, xgrammar's kernel."""
     if not rows:
         return
-    try:
-        from xgrammar import apply_token_bitmask_inplace
-    except ImportError:
-        for row, words in zip(rows, masks):
-            apply_bitmask(logits[row], words)
+    words = np.stack(masks)
+    if logits.device.type == "cpu":
+        bias = np.take(BYTE_BIAS, words.view(np.uint8), axis=0).reshape(len(rows), -1)[:, :logits.shape[1]]
+        out, first = logits.numpy(), 0
+        for j in range(1, len(rows) + 1):
+            if j == len(rows) or rows[j] != rows[j - 1] + 1:  # the end of a run of consecutive rows
+                a, b = rows[first], rows[j - 1] + 1
+                np.add(out[a:b], bias[first:j], out=out[a:b])
+                first = j
         return
-    bitmask = np.empty((logits.shape[0], len(masks[0])), dtype=np.int32)
-    bitmask[rows] = np.stack(masks)
-    apply_token_bitmask_inplace(logits, torch.from_numpy(bitmask).to(logits.device),
-                                vocab_size=min(logits.shape[1], 32 * bitmask.shape[1]), indices=rows)
+    from xgrammar import apply_token_bitmask_inplace
+    bitmask = torch.zeros((logits.shape[0], words.shape[1]), dtype=torch.int32)
+    bitmask[rows] = torch.from_numpy(words)
+    apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=logits.shape[1], indices=rows)
 
 
 class StructuredRunner(ModelRunner):
