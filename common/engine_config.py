@@ -67,7 +67,6 @@ class StructuredOutputsConfig:
     grammar_cache_bytes: int = 256 * 2**20  # compiled grammars kept, least recently used out first (grammar_cache.py)
     compile_budget_s: float = 2.0  # a grammar not compiled by then fails its request alone (compile_budget.py)
     forced_budget_us: float | None = 2000.0  # the forced look-ahead's time a step, started within it (None: no bound)
-    overlap_masks: bool = False  # a step's masks filled on a worker thread while the forward runs (masks.py)
 
 
 @dataclass(frozen=True)
@@ -87,8 +86,7 @@ class EngineConfig:
                fused_attention: bool = False, max_waiting: int = 256, speculative_config=None,
                num_forced_tokens: int = 16, structured_outputs_config: dict | None = None,
                structured_outputs_backend: str | None = None, grammar_cache_mb: float = 256,
-               grammar_compile_budget_s: float = 2.0, forced_budget_us: float | None = 2000.0,
-               overlap_masks: bool = False) -> EngineConfig:
+               grammar_compile_budget_s: float = 2.0, forced_budget_us: float | None = 2000.0) -> EngineConfig:
         """Check every option (a wrong one raises `InvalidParam` naming it) and resolve the model's folder and
         context; the weights are not read."""
         if max_model_len is not None:
@@ -123,7 +121,6 @@ class EngineConfig:
                                              not 0 <= forced_budget_us <= 1e9):
             raise InvalidParam("forced_budget_us", f"forced_budget_us={clip(forced_budget_us)} is invalid: give the "
                                                    "µs of forced-token look-ahead a step, >= 0 (None: no bound)")
-        check_bool("overlap_masks", overlap_masks)
         speculative = SpeculativeConfig.parse(speculative_config)
         if speculative is not None:
             speculative.check_budget(max_num_batched_tokens)
@@ -140,7 +137,7 @@ class EngineConfig:
                                                             int(grammar_cache_mb * 2**20),
                                                             float(grammar_compile_budget_s),
                                                             None if forced_budget_us is None else
-                                                            float(forced_budget_us), overlap_masks))
+                                                            float(forced_budget_us)))
 
 
 BACKENDS = ("auto", "xgrammar", "guidance", "fsm")  # vLLM's names (its "guidance" is llguidance)

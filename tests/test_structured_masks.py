@@ -69,9 +69,8 @@ def test_the_batched_fill_gives_each_request_its_own_per_row_mask(grammars, seed
             token = int(rng.choice(allowed))
             alone.accept(token)
             batched.accept(token)
-    fill, pending = masks.BatchMasks(TINY_VOCAB), sum(b.pending() is not None for _, b in pairs)
-    fill.fill([b for _, b in pairs])
-    assert fill.filled == pending > len(pairs) // 2  # the batch, not each request's own fill, gave these masks
+    assert sum(b.pending() is not None for _, b in pairs) > len(pairs) // 2
+    masks.BatchMasks(TINY_VOCAB).fill([b for _, b in pairs])  # the batch, not each request's own fill, gives these
     assert all(b.pending() is None for _, b in pairs)
     for (alone, batched), (so, backend) in zip(pairs, [m for m in MIX for _ in range(2)]):
         assert np.array_equal(bits(batched.mask()), bits(alone.mask())), (so, backend, alone.pos)
@@ -123,20 +122,18 @@ def make_llm(**options):
         "enable_adaptive_verification": False}, **options)
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_mixed_batch_gives_the_references_tokens(structured_reference, overlap):
-    """Constrained rows masked together (and, with ``overlap``, filled while the forward runs), beside drafting
-    unconstrained rows and a constrained row on the per-row path: every request's tokens and finish are the
+def test_a_mixed_batch_gives_the_references_tokens(structured_reference):
+    """Constrained rows masked together, beside drafting unconstrained rows and a constrained row on the per-row path: every request's tokens and finish are the
     reference's, and its log-probabilities those of the same engine masking row by row."""
     prompts, params = mixed_requests()
-    llm, per_row = make_llm(overlap_masks=overlap), make_llm()
+    llm, per_row = make_llm(), make_llm()
     per_row.engine.runner.process_rows = lambda *args: set()  # the runner's default: every row alone
     got, expected = llm.generate(prompts, params), structured_reference.generate(prompts, params)
     assert outcomes(got) == outcomes(expected)
     assert [o.logprobs for r in got for o in r.outputs] == \
         [o.logprobs for r in per_row.generate(prompts, params) for o in r.outputs]
     runner = llm.engine.runner
-    assert runner.mask_steps > 0 and runner.masks.filled > 0  # the batched path ran
+    assert runner.mask_steps > 0 and runner.masks.seconds > 0  # the batched path ran
     assert llm.stats.accepted_tokens > 0  # drafts (forced and n-gram) were fed and kept
 
 
@@ -193,8 +190,7 @@ def test_the_schema_suite_gives_the_references_tokens_and_every_output_that_ends
     assert ended and all(suite.check(text, so) is None for text, so in ended)
 
 
-@pytest.mark.parametrize("key, value", [("forced_budget_us", -1), ("forced_budget_us", "fast"),
-                                        ("overlap_masks", "yes")])
+@pytest.mark.parametrize("key, value", [("forced_budget_us", -1), ("forced_budget_us", "fast")])
 def test_a_bad_option_is_refused_by_its_name(key, value):
     with pytest.raises(InvalidParam, match=key):
         structured.LLM("tiny", **{key: value})

@@ -42,8 +42,6 @@ def main(argv=None) -> None:
     ap.add_argument("--forced-budget-us", type=float, default=2000,
                     help="the forced tokens' look-ahead a step: a request's starts while less is spent (-1: no bound)")
     ap.add_argument("--time-only", action="store_true", help="demo: the time per output token table alone")
-    ap.add_argument("--overlap-masks", action="store_true",
-                    help="fill a step's masks on a worker thread while the forward runs (masks.py)")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
     ap.add_argument("--structured-outputs-config.backend", dest="backend", default="auto",
                     choices=["auto", "xgrammar", "guidance", "fsm"], help="the grammar backend (vLLM's names)")
@@ -88,8 +86,7 @@ def make_llm(args, **changes) -> LLM:
     options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
                    num_forced_tokens=args.num_forced_tokens, structured_outputs_config={"backend": args.backend},
                    grammar_cache_mb=args.grammar_cache_mb, grammar_compile_budget_s=args.grammar_compile_budget_s,
-                   forced_budget_us=None if args.forced_budget_us < 0 else args.forced_budget_us,
-                   overlap_masks=args.overlap_masks)
+                   forced_budget_us=None if args.forced_budget_us < 0 else args.forced_budget_us)
     if getattr(args, "speculative_config", None):
         options["speculative_config"] = args.speculative_config
     return LLM(args.model, **{**options, **changes})

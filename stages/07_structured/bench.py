@@ -109,6 +109,6 @@ def per_step(before: dict, after: dict) -> dict[str, float]:
     """µs per step of each piece between two ``pieces`` snapshots, and the mask's p99 per row."""
     steps = max(1, after["steps"] - before["steps"])
     costs = {k: 1e6 * (after[k] - before[k]) / steps for k in PIECES}
-    new = after["mask_steps"] - before["mask_steps"]
-    rows = after["mask_us"][len(after["mask_us"]) - min(new, len(after["mask_us"])):]
+    rows = after["mask_us"][len(after["mask_us"]) - min(after["mask_steps"] - before["mask_steps"],
+                                                         len(after["mask_us"])):]
     return costs | {"mask p99": summary(rows)[1] if rows else 0.0}

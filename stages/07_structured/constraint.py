@@ -83,25 +83,21 @@ class GrammarConstraint(LogitsProcessor):
         return self.masks[self.pos]
 
     def pending(self):
-        """The matcher, when the mask at the current position is still to be computed from its state (None when it
-        is kept, or comes from elsewhere): what a batched fill (masks.py) fills for many requests in one call."""
+        """The matcher, while the current position's mask is not kept: what masks.py fills for many at once."""
         kept = len(self.masks) > self.pos and self.masks[self.pos] is not None
         return None if kept or self.live != self.pos or self.matcher.is_terminated() else self.matcher
 
     def put(self, mask: np.ndarray) -> None:
-        """The mask at the current position, filled by a batched fill from ``pending()``'s matcher."""
         self.masks += [None] * (self.pos + 1 - len(self.masks))
         self.masks[self.pos] = mask
 
     def mask_after(self, ahead: list[int]) -> np.ndarray:
-        """The mask at the position after ``ahead`` (a step's drafts assumed kept), looked ahead and come back."""
+        """The mask at the position after ``ahead`` (a step's drafts), looked ahead and come back."""
         for token in ahead:
             self.accept(token)
-        try:
-            return self.mask()
-        finally:
-            if ahead:
-                self.rollback(len(ahead))
+        mask = self.mask()
+        self.rollback(len(ahead))
+        return mask
 
     def apply(self, logits: torch.Tensor, output_ids: list[int]) -> None:
         start = time.perf_counter()

@@ -47,7 +47,7 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
     return LLMEngine(model, SpeculativeScheduler(config.scheduler, blocks, proposers,  # stage 06's scheduler
                                                  speculative_policy(config)),  # and its adaptive policy
                      paged_cache(model, blocks, config.cache.fused_attention),  # stage 04's cache
-                     StructuredRunner(model, masks, options.overlap_masks))  # masks.py: masks applied at once
+                     StructuredRunner(model, masks))  # masks.py: masks applied at once
 
 
 class StructuredOutputs:

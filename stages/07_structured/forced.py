@@ -33,7 +33,7 @@ class ForcedTokens(Proposer):
     starts only while the step has spent less than ``budget_us`` on it (None: no bound; 0: none), and each step
     starts where the last one stopped, so under load every request gets its turn. A request left out is decoded one
     masked token that step; forcing only proposes, so the tokens are the same with any budget. ``masks``
-    (masks.py's `BatchMasks`): every request's mask at its position filled first, in one call per backend."""
+    (masks.py): every request's mask at its position filled first, in one call per backend."""
 
     def __init__(self, k: int, encode=None, budget_us: float | None = None, masks=None, clock=time.perf_counter):
         super().__init__(k)
