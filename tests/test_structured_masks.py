@@ -123,8 +123,9 @@ def make_llm(**options):
 
 
 def test_a_mixed_batch_gives_the_references_tokens(structured_reference):
-    """Constrained rows masked together, beside drafting unconstrained rows and a constrained row on the per-row path: every request's tokens and finish are the
-    reference's, and its log-probabilities those of the same engine masking row by row."""
+    """Constrained rows masked together, beside drafting unconstrained rows and a constrained row on the per-row
+    path: every request's tokens and finish are the reference's, and its log-probabilities those of the same engine
+    masking row by row."""
     prompts, params = mixed_requests()
     llm, per_row = make_llm(), make_llm()
     per_row.engine.runner.process_rows = lambda *args: set()  # the runner's default: every row alone

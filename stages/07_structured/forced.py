@@ -29,11 +29,9 @@ class ForcedTokens(Proposer):
     """Proposes, for a request with a constraint, at most ``k`` tokens a step (``num_forced_tokens``; 0: none, plain
     masked decoding): the tokens its grammar forces, and the forced text as ``encode`` (the tokenizer) spells it.
 
-    The look-ahead runs on the engine's thread between steps, so it is bounded per step: a request's look-ahead
-    starts only while the step has spent less than ``budget_us`` on it (None: no bound; 0: none), and each step
-    starts where the last one stopped, so under load every request gets its turn. A request left out is decoded one
-    masked token that step; forcing only proposes, so the tokens are the same with any budget. ``masks``
-    (masks.py): every request's mask at its position filled first, in one call per backend."""
+    The look-ahead is bounded per step: a request's starts only while less than ``budget_us`` is spent (None: no
+    bound; 0: none), each step starting where the last stopped. Forcing only proposes: the same tokens with any
+    budget. ``masks`` (masks.py): every request's mask at its position filled first, in one call per backend."""
 
     def __init__(self, k: int, encode=None, budget_us: float | None = None, masks=None, clock=time.perf_counter):
         super().__init__(k)
