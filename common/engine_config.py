@@ -66,6 +66,7 @@ class StructuredOutputsConfig:
     num_forced_tokens: int = 16  # the most tokens a grammar may force into one step of a request (0: none)
     grammar_cache_bytes: int = 256 * 2**20  # compiled grammars kept, least recently used out first (grammar_cache.py)
     compile_budget_s: float = 2.0  # a grammar not compiled by then fails its request alone (compile_budget.py)
+    forced_budget_us: float | None = 2000.0  # the forced look-ahead's time a step, started within it (None: no bound)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class EngineConfig:
                fused_attention: bool = False, max_waiting: int = 256, speculative_config=None,
                num_forced_tokens: int = 16, structured_outputs_config: dict | None = None,
                structured_outputs_backend: str | None = None, grammar_cache_mb: float = 256,
-               grammar_compile_budget_s: float = 2.0) -> EngineConfig:
+               grammar_compile_budget_s: float = 2.0, forced_budget_us: float | None = 2000.0) -> EngineConfig:
         """Check every option (a wrong one raises `InvalidParam` naming it) and resolve the model's folder and
         context; the weights are not read."""
         if max_model_len is not None:
@@ -115,6 +116,11 @@ class EngineConfig:
             raise InvalidParam("grammar_compile_budget_s",
                                f"grammar_compile_budget_s={clip(grammar_compile_budget_s)} is invalid: give the "
                                "seconds a grammar may take to compile, > 0 and <= 3600")
+        if forced_budget_us is not None and (isinstance(forced_budget_us, bool) or
+                                             not isinstance(forced_budget_us, (int, float)) or
+                                             not 0 <= forced_budget_us <= 1e9):
+            raise InvalidParam("forced_budget_us", f"forced_budget_us={clip(forced_budget_us)} is invalid: give the "
+                                                   "µs of forced-token look-ahead a step, >= 0 (None: no bound)")
         speculative = SpeculativeConfig.parse(speculative_config)
         if speculative is not None:
             speculative.check_budget(max_num_batched_tokens)
@@ -132,7 +138,9 @@ class EngineConfig:
                                    enable_preemption, max_waiting),
                    cache, speculative, StructuredOutputsConfig(backend, num_forced_tokens,
                                                             int(grammar_cache_mb * 2**20),
-                                                            float(grammar_compile_budget_s)))
+                                                            float(grammar_compile_budget_s),
+                                                            None if forced_budget_us is None else
+                                                            float(forced_budget_us)))
 
 
 BACKENDS = ("auto", "xgrammar", "guidance", "fsm")  # vLLM's names (its "guidance" is llguidance)

@@ -45,24 +45,32 @@ class ModelRunner:
         if sampled:
             rows = [r + j for i, r in sampled for j in range(outputs[i].drafted + 1)]
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=dev)])
-            plain = [not seqs[i].processors and seqs[i].params.greedy for i, _ in sampled]
+            done = self.process_rows(seqs, sampled, outputs, logits)
+            plain = [(i in done or not seqs[i].processors) and seqs[i].params.greedy for i, _ in sampled]
             argmax = greedy_tokens(logits) if any(plain) else None  # one vectorized argmax for the plain greedy rows
             at = 0
             for (i, _), fast in zip(sampled, plain):
                 k = outputs[i].drafted + 1
-                self.sample_run(seqs[i], logits[at:at + k], argmax[at:at + k] if fast else None, outputs[i])
+                self.sample_run(seqs[i], logits[at:at + k], argmax[at:at + k] if fast else None, outputs[i], i in done)
                 at += k
         return outputs
 
-    def sample_run(self, seq: Sequence, logits: torch.Tensor, argmax: list[int] | None, out: SeqOutput) -> None:
+    def process_rows(self, seqs: list[Sequence], sampled: list[tuple[int, int]], outputs: list[SeqOutput],
+                     logits: torch.Tensor) -> set[int]:
+        """A later stage's hook (stage 07's masks.py): process the rows of some sequences in ``logits`` in place, all
+        at once, and return their indices; their processors are then not applied row by row. None here."""
+        return set()
+
+    def sample_run(self, seq: Sequence, logits: torch.Tensor, argmax: list[int] | None, out: SeqOutput,
+                   done: bool = False) -> None:
         """Sample ``seq``'s rows in position order; row i assumes the first i draft tokens were kept, so its
         processors see that history (a rule with state, a grammar, looks ahead along it and comes back) and its
         draw is the sequence's next. The run stops after the first token that differs from the draft fed after it
         (or after the last row): the rows beyond assumed a token that was not chosen (exact-match verification: the
-        kept tokens are those one-at-a-time decoding gives)."""
+        kept tokens are those one-at-a-time decoding gives). ``done``: its rows were processed by ``process_rows``."""
         drafts, p = seq.spec_token_ids[:out.drafted], seq.params
         for i, row in enumerate(logits):
-            processed = seq.processed(row, out.tokens)
+            processed = row if done else seq.processed(row, out.tokens)
             token = argmax[i] if argmax is not None else sample(processed, p, seq.generator)
             out.tokens.append(token)
             if p.logprobs is not None:

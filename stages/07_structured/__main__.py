@@ -2,7 +2,8 @@
 
 demo: the schema suite (30 constrained requests) on SmolLM2 with every output checked, the tokens the grammar forced
 (steps with and without), the mask's cost per request per step, and the time per output token with and without a
-constraint at each --in-flight limit; serve: stage 05's OpenAI-compatible server on this stage's engine
+constraint at each --in-flight limit, with each piece of a step's time (forward, mask fill, apply, forced look-ahead,
+sampler; --time-only: that table alone); serve: stage 05's OpenAI-compatible server on this stage's engine
 (response_format json_schema / json_object, vLLM's structured_outputs); coverage: JSONSchemaBench's schemas
 compiled by each backend, and with --generate N greedy outputs validated (coverage.py)."""
 from __future__ import annotations
@@ -18,7 +19,7 @@ from common.sampling import SamplingParams
 from common.validate import InvalidParam
 from stages.cli import device_arg
 from stages.xray import cli as xray
-from stages.structured.bench import chat_ids, mask_cost, run_suite, summary, time_per_token
+from stages.structured.bench import PIECES, chat_ids, mask_cost, per_step, pieces, run_suite, summary, time_per_token
 from stages.structured.engine import LLM
 from stages.structured.suite import CASES
 
@@ -37,7 +38,10 @@ def main(argv=None) -> None:
     ap.add_argument("--grammar-compile-budget-s", type=float, default=2.0,
                     help="seconds a grammar may take to compile; past them its request fails alone (coverage: "
                          "a slower compile is counted refused)")
-    ap.add_argument("--in-flight", default="1,64", help="demo: the in-flight limits the time per token is taken at")
+    ap.add_argument("--in-flight", default="1,16,64", help="demo: the in-flight limits the time per token is taken at")
+    ap.add_argument("--forced-budget-us", type=float, default=2000,
+                    help="the forced tokens' look-ahead a step: a request's starts while less is spent (-1: no bound)")
+    ap.add_argument("--time-only", action="store_true", help="demo: the time per output token table alone")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
     ap.add_argument("--structured-outputs-config.backend", dest="backend", default="auto",
                     choices=["auto", "xgrammar", "guidance", "fsm"], help="the grammar backend (vLLM's names)")
@@ -58,6 +62,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.command == "coverage":
         return coverage_command(args)
+    if args.command == "demo" and args.time_only:
+        return per_token(args, Console())
     try:
         llm = make_llm(args)
     except InvalidParam as e:
@@ -79,7 +85,8 @@ def make_llm(args, **changes) -> LLM:
     """This stage's engine with the command line's options (``changes``: another in-flight limit, no forced tokens)."""
     options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
                    num_forced_tokens=args.num_forced_tokens, structured_outputs_config={"backend": args.backend},
-                   grammar_cache_mb=args.grammar_cache_mb, grammar_compile_budget_s=args.grammar_compile_budget_s)
+                   grammar_cache_mb=args.grammar_cache_mb, grammar_compile_budget_s=args.grammar_compile_budget_s,
+                   forced_budget_us=None if args.forced_budget_us < 0 else args.forced_budget_us)
     if getattr(args, "speculative_config", None):
         options["speculative_config"] = args.speculative_config
     return LLM(args.model, **{**options, **changes})
@@ -135,11 +142,10 @@ def demo(llm, plain_llm, args, console: Console, recorder=None) -> None:
 
 def per_token(args, console: Console) -> None:
     """The JSON cases at each in-flight limit: unconstrained (the same number of tokens per request, EOS ignored),
-    constrained one token a step, constrained with forced tokens."""
+    constrained one token a step, constrained with forced tokens; with each piece's time per step (bench.pieces)."""
     json_cases = [c for c in CASES if "json" in c[2]]
-    table = Table(title="time per output token, ms (after each request's first)")
-    for col in ("in flight", "unconstrained", "JSON schema", "vs unconstrained", "JSON + forced", "vs unconstrained",
-                "steps: plain / forced"):
+    table = Table(title="time per output token, ms (after each request's first), and each piece's µs per step")
+    for col in ("in flight", "run", "ms / token", "vs unconstrained", "steps", *PIECES, "mask p99 / row"):
         table.add_column(col, justify="right")
     for limit in [int(x) for x in args.in_flight.split(",")]:
         plain_llm, llm = (make_llm(args, max_num_seqs=limit, num_forced_tokens=n) for n in (0, args.num_forced_tokens))
@@ -148,12 +154,15 @@ def per_token(args, console: Console) -> None:
         constrained = [SamplingParams(temperature=0, max_tokens=args.max_tokens, structured_outputs=so)
                        for _, _, so in cases]
         lengths = [len(o.token_ids) for o in plain_llm.generate(prompts, constrained)]  # also warms the grammar cache
-        masked, _, plain_steps = time_per_token(plain_llm, prompts, constrained)
-        forced, _, forced_steps = time_per_token(llm, prompts, constrained)
         free = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-        base, _, _ = time_per_token(plain_llm, prompts, free)
-        table.add_row(str(limit), f"{base:.1f}", f"{masked:.1f}", f"{masked / base - 1:+.1%}", f"{forced:.1f}",
-                      f"{forced / base - 1:+.1%}", f"{plain_steps} / {forced_steps}")
+        base = None
+        for name, engine, params in (("unconstrained", plain_llm, free), ("JSON schema", plain_llm, constrained),
+                                     ("JSON + forced", llm, constrained)):
+            before = pieces(engine)
+            ms, _, steps = time_per_token(engine, prompts, params)
+            cost, base = per_step(before, pieces(engine)), base or ms
+            table.add_row(str(limit), name, f"{ms:.2f}", f"{ms / base - 1:+.1%}", str(steps),
+                          *(f"{cost[k]:.0f}" for k in PIECES), f"{cost['mask p99']:.0f}")
     console.print(table)
 
 

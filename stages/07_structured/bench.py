@@ -91,3 +91,24 @@ def time_per_token(llm, prompts: list[list[int]], params: list[SamplingParams]) 
             for o in outputs if len(o.metrics.token_times) > 1]
     per_token = 1000 * sum(g for g, _ in gaps) / max(1, sum(n for _, n in gaps))
     return per_token, sum(len(o.token_ids) for o in outputs), llm.num_steps - steps
+
+
+PIECES = ("forward", "fill", "apply", "look-ahead", "sampler")
+
+
+def pieces(llm) -> dict[str, float]:
+    """The engine's running totals: seconds in each piece of a step (masks.py's runner: the forward with the logits,
+    the masks filled in batches wherever that happened, looked up and applied, the sampler; forced.py's look-ahead),
+    the steps, and each step's mask time per constrained row (µs)."""
+    runner, forced = llm.engine.runner, llm.engine.scheduler.proposers[0]
+    return {**runner.costs, "fill": runner.masks.seconds, "look-ahead": forced.seconds, "steps": runner.steps,
+            "mask_us": list(runner.mask_us), "mask_steps": runner.mask_steps}
+
+
+def per_step(before: dict, after: dict) -> dict[str, float]:
+    """µs per step of each piece between two ``pieces`` snapshots, and the mask's p99 per row."""
+    steps = max(1, after["steps"] - before["steps"])
+    costs = {k: 1e6 * (after[k] - before[k]) / steps for k in PIECES}
+    rows = after["mask_us"][len(after["mask_us"]) - min(after["mask_steps"] - before["mask_steps"],
+                                                         len(after["mask_us"])):]
+    return costs | {"mask p99": summary(rows)[1] if rows else 0.0}

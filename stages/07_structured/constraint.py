@@ -82,6 +82,23 @@ class GrammarConstraint(LogitsProcessor):
             self.masks[self.pos] = self.eos_mask if self.matcher.is_terminated() else self.matcher.fill()
         return self.masks[self.pos]
 
+    def pending(self):
+        """The matcher, while the current position's mask is not kept: what masks.py fills for many at once."""
+        kept = len(self.masks) > self.pos and self.masks[self.pos] is not None
+        return None if kept or self.live != self.pos or self.matcher.is_terminated() else self.matcher
+
+    def put(self, mask: np.ndarray) -> None:
+        self.masks += [None] * (self.pos + 1 - len(self.masks))
+        self.masks[self.pos] = mask
+
+    def mask_after(self, ahead: list[int]) -> np.ndarray:
+        """The mask at the position after ``ahead`` (a step's drafts), looked ahead and come back."""
+        for token in ahead:
+            self.accept(token)
+        mask = self.mask()
+        self.rollback(len(ahead))
+        return mask
+
     def apply(self, logits: torch.Tensor, output_ids: list[int]) -> None:
         start = time.perf_counter()
         apply_bitmask(logits, self.mask())

@@ -3,7 +3,8 @@
 Stage 06's engine with one idea added: a request may carry a constraint (``SamplingParams(structured_outputs=...)``:
 a JSON schema, a regex, a choice, a grammar) and then gets a `GrammarConstraint` among its logits processors, which
 masks every token the grammar does not allow at that position (constraint.py). The engine changes in two named
-parts: its runner reports log-probabilities of the masked distribution (vLLM's ``processed_logprobs``), and its
+parts: its runner (masks.py) masks a step's constrained rows together, the masks filled in one call per backend,
+and reports log-probabilities of the masked distribution (vLLM's ``processed_logprobs``), and its
 scheduler, stage 06's, gets one more proposer at the front: the tokens a grammar forces, fed as drafts and
 verified in one step by exact match (forced.py). Everything else (batching, paging, kernels, streaming,
 speculation for the requests without a constraint) is the earlier stages'.
@@ -17,7 +18,6 @@ from common.engine_config import EngineConfig
 from common.paths import DEFAULT_MODEL
 from common.processors import LogitsProcessor
 from common.requests import Request
-from common.runner import ModelRunner
 from common.sampling import SamplingParams
 from common.tokenizer import Tokenizer
 from common.validate import InvalidParam
@@ -30,6 +30,7 @@ from stages.streaming import LLM as StreamingLLM, HeldFrontEnd  # stage 05: engi
 from .backends import cache_stats, grammars_for
 from .constraint import GrammarConstraint, single_token
 from .forced import ForcedTokens
+from .masks import BatchMasks, StructuredRunner
 
 __all__ = ["LLM", "StructuredOutputs", "build"]
 
@@ -38,12 +39,15 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
     """Stage 06's engine with the grammar's forced tokens as its first proposer, and masked log-probabilities."""
     model = config.model.load(KernelLlama)  # stage 04
     blocks = kv_blocks(config, model)  # stage 03
-    proposers = [ForcedTokens(config.structured_outputs.num_forced_tokens, tokenizer.encode),  # forced.py
+    options = config.structured_outputs
+    masks = BatchMasks(model.config.vocab_size)  # masks.py: a step's masks filled in one call per backend
+    proposers = [ForcedTokens(options.num_forced_tokens, tokenizer.encode, options.forced_budget_us,  # forced.py
+                              masks),
                  *speculative_proposers(config, tokenizer, model, blocks)]  # stage 06's, for the other requests
     return LLMEngine(model, SpeculativeScheduler(config.scheduler, blocks, proposers,  # stage 06's scheduler
                                                  speculative_policy(config)),  # and its adaptive policy
                      paged_cache(model, blocks, config.cache.fused_attention),  # stage 04's cache
-                     ModelRunner(model, logprobs_mode="processed_logprobs"))  # the masked distribution
+                     StructuredRunner(model, masks))  # masks.py: masks applied at once
 
 
 class StructuredOutputs:

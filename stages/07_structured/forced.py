@@ -13,6 +13,8 @@ instead (this proposer comes first and claims it), since a guess the grammar for
 """
 from __future__ import annotations
 
+import time
+
 from common.sequence import Sequence
 from stages.speculative import Proposer  # stage 06: proposer.py
 
@@ -25,20 +27,36 @@ def constraint_of(seq: Sequence) -> GrammarConstraint | None:
 
 class ForcedTokens(Proposer):
     """Proposes, for a request with a constraint, at most ``k`` tokens a step (``num_forced_tokens``; 0: none, plain
-    masked decoding): the tokens its grammar forces, and the forced text as ``encode`` (the tokenizer) spells it."""
+    masked decoding): the tokens its grammar forces, and the forced text as ``encode`` (the tokenizer) spells it.
 
-    def __init__(self, k: int, encode=None):
+    The look-ahead is bounded per step: a request's starts only while less than ``budget_us`` is spent (None: no
+    bound; 0: none), each step starting where the last stopped. Forcing only proposes: the same tokens with any
+    budget. ``masks`` (masks.py): every request's mask at its position filled first, in one call per backend."""
+
+    def __init__(self, k: int, encode=None, budget_us: float | None = None, masks=None, clock=time.perf_counter):
         super().__init__(k)
         self.encode = encode  # the tokenizer's text -> ids; None: forced tokens alone
+        self.budget_us, self.masks, self.clock = budget_us, masks, clock
+        self.turn = 0  # where the next step's look-ahead starts
         self.forced = self.spelled = 0  # tokens proposed of each kind (the stage's measurement)
+        self.seconds, self.served = 0.0, 0  # the look-ahead's time; the requests it looked ahead for, last step
 
     def claims(self, seq: Sequence) -> bool:
         return constraint_of(seq) is not None
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
-        runs = []
-        for seq, k in zip(seqs, ks):
-            run, forced, spelled = constraint_of(seq).forced_tokens(k, self.encode)
-            self.forced, self.spelled = self.forced + forced, self.spelled + spelled
-            runs.append(run)
+        rules = [constraint_of(seq) for seq in seqs]
+        if self.masks is not None:
+            self.masks.fill(rules)
+        runs, start, served = [[] for _ in seqs], self.clock(), 0
+        first = self.turn % len(seqs) if seqs else 0
+        for j in range(len(seqs)):
+            if self.budget_us is not None and (self.clock() - start) * 1e6 >= self.budget_us:
+                break
+            i = (first + j) % len(seqs)
+            runs[i], forced, spelled = rules[i].forced_tokens(ks[i], self.encode)
+            self.forced, self.spelled, served = self.forced + forced, self.spelled + spelled, served + 1
+        self.turn = first + served
+        self.seconds += self.clock() - start
+        self.served = served
         return runs

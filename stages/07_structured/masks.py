@@ -1,0 +1,110 @@
+"""A step's masks off the critical path: filled in one call per backend, applied to all constrained rows at once.
+
+Row by row (constraint.py), each request's mask is a Python call, a fill and a row copy per step: nearly free at one
+request in flight, a real share of the step at 64 (vLLM batched its fills for +15%, vllm#51331). `BatchMasks.fill`
+fills many requests' masks at their positions into one [requests, words] array: xgrammar's rows with its
+`BatchGrammarMatcher`, llguidance's with its `LLExecutor`, the automaton's from its masks kept per state. The runner
+then masks every constrained row with one lookup and one add per request (`apply_masks`) and samples them without
+the per-row chain. Each mask is the one the per-row path computes (the same matcher state), so tokens do not change.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from common.runner import ModelRunner
+
+from .backend_guidance import GuidanceMatcher
+from .backend_xgrammar import XGrammarMatcher
+from .constraint import BYTE_BIAS, GrammarConstraint
+from .schema.checked import CheckedMatcher
+
+
+def only_constraint(seq) -> GrammarConstraint | None:
+    """The request's grammar when it is its only rule (else its grammar must come last in its chain: per row)."""
+    rules = seq.processors
+    return rules[0] if len(rules) == 1 and isinstance(rules[0], GrammarConstraint) else None
+
+
+class BatchMasks:
+    def __init__(self, vocab_size: int):
+        self.words, self.xgrammar, self.executor = -(-vocab_size // 32), None, None  # the libraries on first use
+        self.seconds = 0.0  # the fills' time (the stage's measurement)
+
+    def fill(self, rules: list[GrammarConstraint]) -> None:
+        start = time.perf_counter()
+        todo = [(r, m.m if isinstance(m, CheckedMatcher) else m) for r in rules if (m := r.pending()) is not None]
+        out = np.zeros((len(todo), self.words), dtype=np.int32)
+        xg = [(i, m.m) for i, (_, m) in enumerate(todo) if isinstance(m, XGrammarMatcher)]
+        if xg:
+            import xgrammar as xgr
+            self.xgrammar = self.xgrammar or xgr.BatchGrammarMatcher(max_threads=1)
+            self.xgrammar.batch_fill_next_token_bitmask([m for _, m in xg], torch.from_numpy(out), [i for i, _ in xg])
+        if gd := [(m.m, i) for i, (_, m) in enumerate(todo) if isinstance(m, GuidanceMatcher)]:
+            import llguidance as llg
+            self.executor = self.executor or llg.LLExecutor(num_threads=1)
+            self.executor.unsafe_compute_mask_ptr(gd, out.ctypes.data, self.words * 4, len(todo))
+        for i, (rule, m) in enumerate(todo):  # the automaton's fill is a lookup of its mask kept per state
+            rule.put(out[i] if isinstance(m, (XGrammarMatcher, GuidanceMatcher)) else m.fill())
+        self.seconds += time.perf_counter() - start
+
+
+def apply_masks(logits: torch.Tensor, rows: list[int], masks: list[np.ndarray]) -> None:
+    """-inf, in place, wherever a listed row's mask has a 0 bit (``rows`` ascending). On the CPU, constraint.py's
+    byte-to-biases lookup once for all rows, then one add per run of consecutive rows (xgrammar's CPU kernel took
+    several times longer: docs/structured.md); on CUDA, xgrammar's kernel."""
+    words = np.stack(masks)
+    if logits.device.type != "cpu":
+        from xgrammar import apply_token_bitmask_inplace
+        bitmask = torch.zeros((logits.shape[0], words.shape[1]), dtype=torch.int32)
+        bitmask[rows] = torch.from_numpy(words)
+        return apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=logits.shape[1],
+                                           indices=rows)
+    bias = np.take(BYTE_BIAS, words.view(np.uint8), axis=0).reshape(len(rows), -1)[:, :logits.shape[1]]
+    out, first = logits.numpy(), 0
+    for j in range(1, len(rows) + 1):
+        if j == len(rows) or rows[j] != rows[j - 1] + 1:  # the end of a run of consecutive rows
+            np.add(out[rows[first]:rows[j - 1] + 1], bias[first:j], out=out[rows[first]:rows[j - 1] + 1])
+            first = j
+
+
+class StructuredRunner(ModelRunner):
+    """The runner with a step's constrained rows masked together, and each piece's time (bench.pieces)."""
+
+    def __init__(self, model, masks: BatchMasks):
+        super().__init__(model, logprobs_mode="processed_logprobs")  # the masked distribution
+        self.masks, self.marks, self.steps, self.mask_steps, self.filled_at = masks, [], 0, 0, 0.0
+        self.costs = {"forward": 0.0, "apply": 0.0, "sampler": 0.0}  # seconds over all steps
+        self.mask_us: list[float] = []  # the last steps': their masks' time per constrained row, µs
+
+    def run(self, seqs, query_lens, cache):
+        self.marks = [time.perf_counter()]
+        outputs = super().run(seqs, query_lens, cache)
+        end, (start, *sampled) = time.perf_counter(), self.marks  # sampled: process_rows' start and end
+        self.costs["forward"] += (sampled[0] if sampled else end) - start
+        self.costs["sampler"] += end - sampled[-1] if sampled else 0.0
+        self.steps += 1
+        return outputs
+
+    def process_rows(self, seqs, sampled, outputs, logits) -> set[int]:
+        start = time.perf_counter()
+        mine = {i: rule for i, _ in sampled if (rule := only_constraint(seqs[i])) is not None}
+        self.masks.fill(list(mine.values()))  # those the forced look-ahead did not fill (forced.py)
+        filled, rows, masks, at = time.perf_counter(), [], [], 0
+        for i, _ in sampled:
+            k = outputs[i].drafted + 1
+            if i in mine:  # row j assumes the first j drafts kept: the mask after them (kept from the look-ahead)
+                masks += [mine[i].mask_after(seqs[i].spec_token_ids[:j]) for j in range(k)]
+                rows += range(at, at + k)
+            at += k
+        if rows:
+            apply_masks(logits, rows, masks)
+            self.mask_us = self.mask_us[-4095:] + [1e6 * (self.masks.seconds - self.filled_at + time.perf_counter()
+                                                          - filled) / len(rows)]  # the step's fills and apply
+            self.mask_steps += 1
+        self.filled_at, end = self.masks.seconds, time.perf_counter()
+        self.costs["apply"] += end - filled
+        self.marks += [start, end]
+        return set(mine)
