@@ -66,7 +66,7 @@ def main(argv=None) -> None:
     ap.add_argument("--workload", dest="workloads", type=workload_list, default=list(WORKLOADS),
                     help="compare: edit (with predictions), extract (n-gram), chat (where drafts seldom match), "
                          "agentic (one file edited turn after turn)")
-    ap.add_argument("--methods", default="ngram,suffix",
+    ap.add_argument("--methods", default="ngram,ngram-8,suffix",
                     help="compare: also tokens per step by drafting method at 1 in flight ('' for none)")
     ap.add_argument("--draft-layers", type=int_list, default=None,
                     help="compare: instead, the early-exit table: the int4 draft cut to its first N layers and its "

@@ -22,7 +22,7 @@ from .measure import kv_budget, machine_name
 from .workloads import build
 
 # suffix: spec factor 4 (vLLM's default is 1), chosen on extract, never on agentic (docs/speculative.md, 2026-12-07)
-METHODS = {"ngram": DRAFT_ALWAYS,
+METHODS = {"ngram": DRAFT_ALWAYS, "ngram-8": {**DRAFT_ALWAYS, "num_speculative_tokens": 8},  # n-gram at suffix's k
            "suffix": {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 4.0,
                       "enable_adaptive_verification": False}}
 
@@ -56,9 +56,10 @@ def report(rows: list[tuple], console: Console) -> None:
         console.print(f"  {method}: {json.dumps(METHODS[method])}")
     by = {(w, m): tps for w, m, _, tps, _ in rows}
     for w in dict.fromkeys(w for w, *_ in rows):
-        if (w, "ngram") in by and (w, "suffix") in by and by[(w, "ngram")]:
-            console.print(f"  {w}: suffix decoding keeps {by[(w, 'suffix')] / by[(w, 'ngram')] - 1:+.0%} tokens per "
-                          f"step against n-gram")
+        for ngram in ("ngram", "ngram-8"):
+            if (w, ngram) in by and (w, "suffix") in by and by[(w, ngram)]:
+                console.print(f"  {w}: suffix decoding keeps {by[(w, 'suffix')] / by[(w, ngram)] - 1:+.0%} tokens per "
+                              f"step against {ngram} (k={METHODS[ngram]['num_speculative_tokens']})")
 
 
 def depth_rows(args, layers: list[int]) -> list[tuple]:
