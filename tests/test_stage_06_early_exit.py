@@ -213,3 +213,17 @@ def test_the_scheduler_asks_a_draft_only_for_drafts_worth_its_passes(reference, 
         draft_of(llm).pass_cost = Fixed(seconds)
         same_outputs(llm.generate(prompts, params), expected)
         assert (llm.engine.scheduler.policy.counts["proposed"] > 0) == drafts
+
+
+def test_requests_that_each_fit_the_draft_pool_alone_but_not_together_still_get_the_references_tokens(reference):
+    """hypothesis' example that found it: a 24-block pool, three samples of one prompt and three short requests.
+    The draft checked each request's room alone, so one pass could take more blocks than were free; its requests
+    then failed with "no free KV block" (the second run, when the samples' catch-ups meet)."""
+    prompts = [[83, 83, 151, 792, 162] + [151] * 22, [151], [151] * 3, [151] * 6]
+    params = [SamplingParams(max_tokens=23, temperature=0.5, seed=0, n=3),
+              SamplingParams(max_tokens=8, temperature=0.5, seed=0)] + [SamplingParams(max_tokens=1, temperature=0.5,
+                                                                                        seed=0)] * 2
+    expected = reference.generate(prompts, params)
+    llm, _ = spec_llm({**EARLY, "num_speculative_tokens": 1, **ALWAYS}, blocks=24, budget=36, max_num_seqs=4)
+    for _ in range(2):
+        same_outputs(llm.generate(prompts, params), expected)

@@ -64,7 +64,11 @@ class DraftModelProposer(Proposer):
                 if i in complete:
                     drafts[i].append(token)
                     feeds[i] = [token]
-            active = [i for i in complete if len(drafts[i]) < want[i] and self.room(self.states[i][1], 1)]
+            active, taken = [], 0  # blocks this pass already holds for the requests before
+            for i in complete:
+                if len(drafts[i]) < want[i] and self.room(self.states[i][1], 1, taken):
+                    active.append(i)
+                    taken += self.block_manager.blocks_needed(self.states[i][1], 1)
             complete = set(active)
         return [drafts.get(s.seq_id, []) for s in seqs]
 
@@ -72,7 +76,7 @@ class DraftModelProposer(Proposer):
         """What each request's draft is fed first: the target's kept tokens past what the draft's cache holds of
         them (its rejected drafts given back first), and the requests whose feed reaches their last token (they
         draft now). A long catch-up (a new prompt) is fed ``max_catch_up`` tokens a step at most, in chunks."""
-        feeds, complete, budget = {}, set(), self.max_catch_up
+        feeds, complete, budget, taken = {}, set(), self.max_catch_up, 0
         for seq in seqs:
             state, tokens = self.state(seq), seq.token_ids
             same = next((i for i, (a, b) in enumerate(zip(state.fed, tokens)) if a != b), len(state.fed))
@@ -80,8 +84,9 @@ class DraftModelProposer(Proposer):
             del state.fed[state.num_cached_tokens:]
             rest = tokens[state.num_cached_tokens:]
             n = min(len(rest), budget)
-            if n == 0 or not self.room(state, n):
+            if n == 0 or not self.room(state, n, taken):
                 continue
+            taken += self.block_manager.blocks_needed(state, n)
             feeds[seq.seq_id] = rest[:n]
             if n == len(rest):
                 complete.add(seq.seq_id)
@@ -128,15 +133,18 @@ class DraftModelProposer(Proposer):
             self.block_manager.allocate(self.states[seq.seq_id][1], [])
         return self.states[seq.seq_id][1]
 
-    def room(self, state: DraftState, n: int) -> bool:
-        """Whether the draft's pool can take ``n`` more of this request's tokens, giving back the KV of requests
-        that are not running (waiting after a preemption) when it must."""
+    def room(self, state: DraftState, n: int, taken: int = 0) -> bool:
+        """Whether the draft's pool can take ``n`` more of this request's tokens besides the ``taken`` blocks this
+        pass already holds for other requests (each checked alone, several could overrun the pool together),
+        giving back the KV of requests that are not running (waiting after a preemption) when it must."""
         bm = self.block_manager
+        def fits():
+            return bm.blocks_needed(state, n) + taken <= bm.num_free_blocks
         for seq_id in [i for i, (s, _) in self.states.items() if s.num_cached_tokens == 0 and i != state.seq_id]:
-            if bm.can_append(state, n):
+            if fits():
                 break
             self.drop(seq_id)
-        return bm.can_append(state, n)
+        return fits()
 
     def release(self) -> None:
         for seq_id in list(self.states):
