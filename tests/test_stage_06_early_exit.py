@@ -227,3 +227,21 @@ def test_requests_that_each_fit_the_draft_pool_alone_but_not_together_still_get_
     llm, _ = spec_llm({**EARLY, "num_speculative_tokens": 1, **ALWAYS}, blocks=24, budget=36, max_num_seqs=4)
     for _ in range(2):
         same_outputs(llm.generate(prompts, params), expected)
+
+
+def test_the_policy_explores_a_draft_model_until_its_acceptance_is_its_own(reference, monkeypatch):
+    """Rows free and a draft pass 0.6 of a step: at the prior acceptance (0.5) one draft is worth 0.5 tokens for
+    1.6 steps' time and would never be asked for, so the policy could never learn the draft's acceptance. It asks
+    for one draft a request while exploring; tokens stay the reference's; a pass dearer than the step: not asked."""
+    prompts, params = [[5, 6, 7, 8] * 3, [9, 10] * 4], {"temperature": 0, "max_tokens": 24, "ignore_eos": True}
+    expected = reference.generate(prompts, params)
+    monkeypatch.setattr(engine, "speculative_policy", lambda config: cost_model.AdaptiveDrafts(Curve(1.0, 0.0)))
+    for seconds, asked in ((0.6, True), (2.0, False)):
+        llm, _ = spec_llm({**EARLY, "draft_num_layers": 2})
+        draft_of(llm).pass_cost = Fixed(seconds)
+        policy = llm.engine.scheduler.policy
+        assert policy.exploring("DraftModelProposer")
+        same_outputs(llm.generate(prompts, params), expected)
+        assert (policy.counts["proposed"] > 0) == asked
+        if asked:
+            assert not policy.exploring("DraftModelProposer")  # 2 requests x 24 tokens: enough drafts scored

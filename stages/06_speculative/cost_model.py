@@ -17,6 +17,7 @@ from collections import Counter, deque
 from common.sequence import Sequence
 
 ALPHA_MAX = 0.99  # a request that always matched is still not certain to
+EXPLORE_TRIES = 8  # scored drafts a proposer needs before its acceptance is its own, not the prior's
 
 
 class StepCost:
@@ -159,6 +160,12 @@ class AdaptiveDrafts:
                 h, t = table.get(key, (0.0, 0.0))
                 table[key] = [h * self.decay + hits, t * self.decay + tries]
         self.pending.clear()
+
+    def exploring(self, kind: str) -> bool:
+        """Whether ``kind`` has fewer than EXPLORE_TRIES scored drafts. A draft model is asked only for drafts that
+        pay at the acceptance the policy believes; starting from the prior (0.5) it may never be asked, and so never
+        learn that it agrees 97% of the time: while exploring, the scheduler asks it for one draft a request."""
+        return self.kinds.get(kind, (0.0, 0.0))[1] < EXPLORE_TRIES
 
     def forget(self, seq_ids) -> None:
         for seq_id in seq_ids:

@@ -95,7 +95,8 @@ class SpeculativeScheduler(Scheduler):
                                 priced=True)
             for proposer, seqs in groups.values():
                 if not proposer.cheap:  # asked only for what the policy would feed if every guess came
-                    caps.update({s.seq_id: worth[s.seq_id] for s in seqs})
+                    caps.update({s.seq_id: max(worth[s.seq_id], min(caps[s.seq_id], self.explore(proposer, seqs)))
+                                 for s in seqs})
         drafts = {}
         for proposer, seqs in groups.values():
             asked = [s for s in seqs if caps[s.seq_id] > 0]
@@ -105,6 +106,16 @@ class SpeculativeScheduler(Scheduler):
         for seq in self.running:
             if seq.seq_id in drafts:
                 seq.spec_token_ids = drafts[seq.seq_id][:ks[seq.seq_id]]
+
+    def explore(self, proposer: Proposer, seqs: list[Sequence]) -> int:
+        """1 draft a request while the policy still explores ``proposer`` (cost_model.py's `exploring`), if one pass
+        of it costs less than the step: a draft dearer than the target can never pay, so it is not worth learning."""
+        if not self.policy.exploring(type(proposer).__name__):
+            return 0
+        rows = sum(s.num_new_tokens for s in self.running)
+        dear = proposer.pass_cost is not None and proposer.pass_cost.seconds(len(seqs)) >= \
+            self.policy.cost.seconds(rows, rows)
+        return 0 if dear else 1
 
     def choose(self, drafts: dict[int, list[int]], record: bool = True, priced: bool = False) -> dict[int, int]:
         """seq_id -> how many of its proposed drafts the policy feeds, given the step's own rows and tokens;
