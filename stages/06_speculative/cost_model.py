@@ -1,14 +1,10 @@
 """Adaptive drafting: how many drafts each request feeds this step, decided by measurement, not by a constant.
 
-A draft row pays only while a step is bound by reading the weights; where that stops depends on the machine, the
-load and the workload, so no constant (``disable_by_batch_size``) is right everywhere. `StepCost` measures a
-step here, t(rows) = a + b * rows (per size class; seeded by calibration.py, refined by every step);
-`AdaptiveDrafts` keeps each request's acceptance α, so the j-th draft is worth α^j tokens (the first miss ends the
-run); `best_drafts` feeds the D most valuable drafts for the D with the most expected tokens per second. A draft
-model's guesses cost passes of their own: `PassCost` measures them (draft_model.py times every pass), and a draft
-model is asked only for the drafts worth their rows *and* its passes, so a cheaper draft (fewer layers) drafts
-more. The README ("Drafting only where it pays") walks through it. vLLM calls it adaptive verification
-(``enable_adaptive_verification``); SGLang's ``--speculative-adaptive`` moves the draft length with acceptance.
+A draft row pays only while a step is bound by reading the weights, which depends on the machine, the load and the
+workload, so no ``disable_by_batch_size`` is right everywhere. `StepCost` fits a step's t(rows) = a + b * rows here
+(seeded by calibration.py, refined by every step); `AdaptiveDrafts` keeps each request's acceptance α (the j-th draft
+is worth α^j tokens); `best_drafts` feeds the drafts that give the most expected tokens per second, a draft model's
+passes (`PassCost`) counted. README: "Drafting only where it pays"; vLLM's ``enable_adaptive_verification``.
 """
 from __future__ import annotations
 
@@ -68,9 +64,8 @@ class PassCost:
 
 
 def fit(points) -> tuple[float, float] | None:
-    """Least squares t = a + b * rows through the fastest step at each row count (another process on the machine
-    only ever adds time, so the fastest is the truest); None while the rows do not spread (no slope measured).
-    The slope is kept >= 0 (a row is never a saving) and a > 0."""
+    """Least squares t = a + b * rows (b >= 0, a > 0) through the fastest step at each row count (another process
+    only ever adds time); None while the rows do not spread."""
     fastest: dict[int, float] = {}
     for rows, seconds in points:
         fastest[rows] = min(seconds, fastest.get(rows, seconds))
@@ -87,14 +82,12 @@ def best_drafts(alphas: list[float], lengths: list[int], base_tokens: float, bas
                 passes: list[PassCost | None] | None = None) -> list[int]:
     """How many of its ``lengths[i]`` proposed drafts each request feeds: the D most valuable draft positions (the
     j-th of request i worth alphas[i] ** j), for the D that maximizes expected tokens per second. ``passes[i]``:
-    what request i's drafts cost to make, when a draft model makes them (None: nothing, a lookup); its j-th draft
-    needs the draft's j-th pass, one batched pass for every request drafting that far, priced by its rows."""
+    what its drafts cost (None: a lookup): its j-th draft needs the draft model's j-th pass, priced by its rows."""
     slots = sorted(((min(a, ALPHA_MAX) ** j, -j, i) for i, (a, n) in enumerate(zip(alphas, lengths))
                     for j in range(1, n + 1)), reverse=True)  # ties: earlier positions first (a draft is a prefix)
     passes = passes or [None] * len(lengths)
     in_pass: Counter = Counter()  # (draft model, j) -> requests its j-th pass drafts for
     drafting = 0.0  # seconds of draft passes the D best cost
-
     def seconds(rows):
         return max(cost.seconds(base_rows, rows) + drafting, 1e-12)
 

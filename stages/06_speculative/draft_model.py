@@ -4,18 +4,15 @@ Here the copy is the same checkpoint with int4 weights (``speculative_config`` m
 ``int4``): a quarter of the bytes a bfloat16 step reads, and it agrees with the full model on most tokens. It keeps
 its OWN paged KV cache (a `BlockManager` and a cache of the engine's kind), one `DraftState` per request:
 
-1. catch up: the draft has not seen the tokens the target kept since it last drafted (or the prompt, at first),
-   so those are fed first, all requests in one batched pass, whose last rows give the first draft token;
+1. catch up: the tokens the target kept since it last drafted (or the prompt) are fed, all requests in one batched
+   pass, whose last rows give the first draft token;
 2. draft: k - 1 more batched passes of one token per request, each feeding the previous draft token;
-3. roll back: next time, what it fed is compared with the tokens the target kept; its KV past the first difference
-   (the rejected drafts) is given back (`BlockManager.truncate`), and catching up starts there.
+3. roll back: next time, its KV past the first token that differs from the target's kept ones (the rejected drafts)
+   is given back (`BlockManager.truncate`), and catching up starts there.
 
-With ``draft_num_layers: N`` the copy keeps only its first N decoder layers, then the final norm and head (early
-exit; `ModelOptions.load`'s ``num_layers`` builds only those, its KV pool holds N layers): a cheaper pass that agrees
-less. Its drafting passes are timed (``pass_cost``): the adaptive policy prices its guesses by them.
-
-Drafting is greedy whatever the request samples: verification by exact match keeps exactly the target's tokens
-for any draft, so a draft only has to be likely, not distributed like the target.
+``draft_num_layers: N`` keeps only the first N decoder layers, then the final norm and head (early exit): a cheaper
+pass that agrees less. Its drafting passes are timed (``pass_cost``): the adaptive policy prices its guesses by them.
+Drafting is greedy whatever the request samples: exact-match verification keeps the target's tokens for any draft.
 """
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ from .proposer import Proposer
 
 
 class DraftState:
-    """What the draft model holds for one request: the tokens its KV cache holds, in order. The block manager reads
-    ``seq_id`` and ``num_cached_tokens`` and keeps the count in step with its blocks; `DraftModelProposer` keeps
-    ``fed`` in step with the count."""
+    """What the draft model holds for one request: the tokens its KV cache holds (``fed``), in order, and their
+    count, which the block manager keeps in step with its blocks."""
 
     def __init__(self, seq_id: int):
         self.seq_id, self.fed, self.num_cached_tokens = seq_id, [], 0
@@ -44,10 +40,9 @@ class DraftModelProposer(Proposer):
     cheap = False  # each draft token is a pass of the draft model: asked only for the drafts worth feeding
     def __init__(self, model: KernelLlama, cache: KernelPagedCache, block_manager: BlockManager, max_catch_up: int,
                  k: int, disable_by_batch_size: int | None = None):
-        """``cache`` and ``block_manager``: the draft model's own pool, of the engine's kind and size."""
         super().__init__(k, disable_by_batch_size)
         self.model, self.max_catch_up = model, max_catch_up  # prompt tokens it catches up on per step, at most
-        self.block_manager, self.cache = block_manager, cache
+        self.block_manager, self.cache = block_manager, cache  # its own pool, of the engine's kind and size
         self.states: dict[int, tuple[Sequence, DraftState]] = {}
         self.pass_cost = PassCost()  # seconds of each of its passes against the rows fed
 
@@ -108,8 +103,8 @@ class DraftModelProposer(Proposer):
         return tokens
 
     def calibrate(self) -> None:
-        """Drafting passes of 1, 2, 4 and 8 requests before the first request, so the policy prices drafts from the
-        start; three rounds, the first unmeasured (a row count's first pass pays one-time costs)."""
+        """Drafting passes of 1, 2, 4 and 8 rows, so the policy prices drafts from the first request: three rounds, the
+        first unmeasured (a row count's first pass pays one-time costs)."""
         bm, vocab = self.block_manager, self.model.config.vocab_size
         for i, rows in enumerate([1, 2, 4, 8] * 3):
             states = [DraftState(-1 - 8 * i - j) for j in range(rows)]  # not requests' ids

@@ -1,11 +1,10 @@
 """Suffix decoding (Oliaro et al., arXiv 2411.04975; Snowflake's Arctic Inference; vLLM's ``suffix`` method).
 
-An agent that rewrites the same file again and again writes what it, or an earlier request, wrote before. Prompt
-lookup (``ngram``) copies what followed the first occurrence of the last few tokens, in this request alone; suffix
-decoding keeps every continuation with its count, in two trees, as Arctic's ``SuffixDecodingCache``: the request's
-prompt and output, and the answers of the last ``suffix_decoding_max_cached_requests`` requests, counted as they
-are generated and taken back out, first in first out, when a newer request needs the slot (bounded memory).
-Arctic's tree also compresses paths (a node per run of tokens), left out here for the lesson.
+An agent that rewrites the same file writes what it, or an earlier request, wrote before. Prompt lookup (``ngram``)
+copies what followed the first occurrence of the last few tokens in this request; suffix decoding counts every
+continuation in two trees, as Arctic's ``SuffixDecodingCache``: the request's own text, and the answers of the last
+``suffix_decoding_max_cached_requests`` requests (first in, first out: bounded memory). Arctic's tree also
+compresses paths (a node per run of tokens), left out here for the lesson.
 """
 from __future__ import annotations
 
