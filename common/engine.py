@@ -1,9 +1,8 @@
 """Every stage's engine: its parts, one step that reads schedule -> run -> postprocess, and what a step did.
 
-A stage's ``engine.py`` builds an `LLMEngine` from parts (``build(config)``): a scheduler, a KV cache, a
-`ModelRunner` over a model, and whatever the scheduler is given (a block manager, proposers). The step loop is
-written once, here. The `LLM` front end (common/llm.py) talks to the engine through the `Engine` protocol alone,
-so every stage plugs into the same ``generate`` and the same observers.
+A stage's ``engine.py`` builds an `LLMEngine` from parts (``build(config)``): a scheduler, a KV cache, a `ModelRunner`
+over a model. The step loop is written once, here; the `LLM` front end (common/llm.py) talks to the engine through
+the `Engine` protocol alone, so every stage plugs into the same ``generate`` and the same observers.
 """
 from __future__ import annotations
 
@@ -136,12 +135,10 @@ class LLMEngine:
 
 
 def advance(seq: Sequence, fed: int, out: SeqOutput) -> int:
-    """After a step: apply one sequence's output, token by token, as one-at-a-time decoding would.
-
-    Each token is recorded and the stop rules checked at once, so a stop string, EOS, ``max_tokens`` or a finished
-    structure ends the request at the exact token where it would have, and the rest of the run is dropped. The KV
-    cache now holds the tokens fed, less the draft tokens not kept (their slots are the caller's to give back).
-    Returns how many tokens were kept (also recorded in ``out``)."""
+    """After a step: apply one sequence's output token by token, as one-at-a-time decoding would (each stop rule
+    checked at once, so a stop ends the request at its exact token and the rest of the run is dropped). The KV cache
+    then holds the tokens fed, less the drafts not kept (their slots are the caller's to give back). Returns how
+    many tokens were kept (also recorded in ``out``)."""
     seq.prompt_logprobs.extend(out.prompt_logprobs)
     kept = 0
     for i, token in enumerate(out.tokens):

@@ -1,9 +1,8 @@
 """ModelRunner: run one flattened step (any mix of prefills, decodes and draft verifications) and sample.
 
-The caller first tells its KV cache what the step holds (``cache.prepare``); the runner builds the
-flattened token ids and positions, runs the model, and samples for every sequence whose tokens are then
-all in the cache: one row for a plain decode, one row per fed draft token plus one for speculative
-decoding. It changes no sequence: it returns a `SeqOutput` per sequence, which ``advance`` applies.
+The caller first tells its KV cache what the step holds (``cache.prepare``); the runner builds the flattened token
+ids and positions, runs the model, and samples for every sequence whose tokens are then all in the cache: one row
+for a decode, one more per fed draft. It changes no sequence: it returns a `SeqOutput` each, which ``advance`` applies.
 """
 from __future__ import annotations
 
@@ -57,17 +56,16 @@ class ModelRunner:
 
     def process_rows(self, seqs: list[Sequence], sampled: list[tuple[int, int]], outputs: list[SeqOutput],
                      logits: torch.Tensor) -> set[int]:
-        """A later stage's hook (stage 07's masks.py): process the rows of some sequences in ``logits`` in place, all
-        at once, and return their indices; their processors are then not applied row by row. None here."""
+        """A later stage's hook (stage 07's masks.py): process some sequences' rows of ``logits`` in place, at once;
+        returns their indices (their processors are then not applied row by row)."""
         return set()
 
     def sample_run(self, seq: Sequence, logits: torch.Tensor, argmax: list[int] | None, out: SeqOutput,
                    done: bool = False) -> None:
-        """Sample ``seq``'s rows in position order; row i assumes the first i draft tokens were kept, so its
-        processors see that history (a rule with state, a grammar, looks ahead along it and comes back) and its
-        draw is the sequence's next. The run stops after the first token that differs from the draft fed after it
-        (or after the last row): the rows beyond assumed a token that was not chosen (exact-match verification: the
-        kept tokens are those one-at-a-time decoding gives). ``done``: its rows were processed by ``process_rows``."""
+        """Sample ``seq``'s rows in position order; row i assumes the first i drafts kept, so its processors see that
+        history (a grammar looks ahead along it and comes back). The run stops after the first token that differs
+        from the draft fed after it: the rows beyond assumed a token not chosen (exact-match verification: the kept
+        tokens are one-at-a-time decoding's). ``done``: its rows were processed by ``process_rows``."""
         drafts, p = seq.spec_token_ids[:out.drafted], seq.params
         for i, row in enumerate(logits):
             processed = row if done else seq.processed(row, out.tokens)

@@ -83,12 +83,9 @@ class RequestOutput:
 
 
 class Sequence:
-    """A request as the engine sees it: its prompt, the tokens sampled so far, and how many are cached.
-
-    Complete when made: the front end (common/requests.py) gives it its logits processors, its length limit, its
-    detokenizer and its place among its siblings. Then two drivers change it, each its own fields: the scheduler
-    (``status``, ``num_cached_tokens``, the draft tokens ``spec_token_ids``) and ``advance`` after each step (the
-    tokens kept, their text, the finish)."""
+    """A request as the engine sees it: its prompt, the tokens sampled so far, and how many are cached. Complete
+    when made (common/requests.py); then two drivers change it, each its own fields: the scheduler (``status``,
+    ``num_cached_tokens``, ``spec_token_ids``) and ``advance`` after each step (tokens kept, their text, the end)."""
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, eos_token_id: int | tuple[int, ...],
                  device: torch.device, prompt: str | None = None, processors: list | None = None,
@@ -99,9 +96,8 @@ class Sequence:
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.params = params
-        # One id or several (Llama 3 ends a turn with <|eot_id|> or <|end_of_text|>): any of them ends the request.
         self.eos_token_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
-        self.eos_token_id = eos_token_id if isinstance(eos_token_id, int) else tuple(eos_token_id)[0]
+        self.eos_token_id = eos_token_id if isinstance(eos_token_id, int) else tuple(eos_token_id)[0]  # Llama 3 has two
         self.generator = make_generator(params, device)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
@@ -119,12 +115,9 @@ class Sequence:
         self.group.append(self)
         self.logprobs: list[Logprob] = []  # per output token, with params.logprobs
         self.prompt_logprobs: list = [None]  # with params.prompt_logprobs, per prompt token (the first has none)
-        # Its logits processors (common/processors.py), in order; their state follows the tokens it keeps.
-        self.processors: list = list(processors or [])
-        # SamplingParams.prediction's tokens, tokenized when the request was prepared (off the engine's thread).
-        self.prediction_ids = prediction_ids
-        # Draft tokens to feed after its own at the next step (speculative decoding); cleared by `advance`.
-        self.spec_token_ids: list[int] = []
+        self.processors: list = list(processors or [])  # common/processors.py; their state follows the kept tokens
+        self.prediction_ids = prediction_ids  # SamplingParams.prediction's tokens, tokenized off the engine's thread
+        self.spec_token_ids: list[int] = []  # draft tokens fed after its own next step (stage 06); `advance` clears
         self.num_drafted_tokens = 0  # draft tokens verified for it, over its life (OpenAI's prediction counts)
         self.num_accepted_tokens = 0  # of them, kept
 
@@ -186,10 +179,8 @@ class Sequence:
             self.output_text += self.detokenizer.add(token_id)
 
     def stop_reason(self) -> str | None:
-        """Why the request is done after its last token ("stop", "length" or "error"), or None if it goes on.
-
-        A stop (a stop string, EOS or a stop token) wins over the length limit: a stop token sampled as the
-        ``max_tokens``-th token finishes with "stop", as in vLLM, so the stop checks come first."""
+        """Why the request is done after its last token ("stop", "length" or "error"), or None if it goes on. A stop
+        wins over the length limit (a stop token sampled as the ``max_tokens``-th finishes with "stop", as in vLLM)."""
         p, token = self.params, self.output_token_ids[-1]
         failed = next((rule.error for rule in self.processors if rule.error), None)
         if failed:  # a rule cannot go on (no token it allows is left): this request alone ends

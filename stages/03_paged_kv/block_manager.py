@@ -1,13 +1,11 @@
 """Paging: KV memory as a pool of fixed-size blocks (PagedAttention, Kwon et al., SOSP 2023).
 
-A sequence owns a *block table*: the ids of the blocks that hold its keys and values, in
-order. Blocks are taken from a free list as the sequence grows and go back when it finishes
-or is preempted, so memory held tracks tokens written, not the longest a request might
-become. A block can be shared (its reference count says by how many sequences): that is
-how the prefix cache (``prefix_cache.py``) lets requests reuse each other's prompts, and how
-the n samples of one request (SamplingParams.n) share their prompt: a sample *forks* a
-sibling's prompt blocks, the last one partial, and the first write into a block someone else
-still holds copies it first (copy-on-write, Kwon et al., 2023, section 4.4).
+A sequence owns a *block table*: the ids of the blocks that hold its keys and values, in order. Blocks are taken
+from a free list as the sequence grows and go back when it finishes or is preempted, so memory held tracks tokens
+written, not the longest a request might become. A block can be shared (its reference count says by how many
+sequences): that is how the prefix cache (``prefix_cache.py``) lets requests reuse each other's prompts, and how the
+n samples of one request (SamplingParams.n) share their prompt: a sample *forks* a sibling's prompt blocks, the last
+one partial, and the first write into a block someone else still holds copies it first (copy-on-write, section 4.4).
 """
 from __future__ import annotations
 
