@@ -1,13 +1,11 @@
-"""The two backends behind one interface: compile a constraint once, then a matcher per request.
+"""The backends behind one interface: compile a constraint once, then a matcher per request.
 
-A compiled grammar is shared by every request that asks for the same constraint (``Grammars.compile`` caches it
-per tokenizer); a matcher is one request's position in it: ``fill()`` the allowed tokens as a bitmask (int32 words,
-xgrammar's layout), ``accept(token)``, ``rollback(n)``, ``is_terminated()`` (an EOS was accepted where the grammar
-may end), and ``forced_text()``, the text every match must continue with from here (xgrammar's jump-forward
-string). ``choice`` and the patterns regex.py reads go to the hand-written automaton (fsm.py); JSON schemas,
-``json_object``, EBNF grammars and other patterns to xgrammar (Dong et al. 2024, backend_xgrammar.py), the backend
-vLLM defaults to, and llguidance (backend_guidance.py); ``auto`` takes the first of them that enforces the whole
-constraint, as vLLM's ``auto`` falls back from one to the other.
+A compiled grammar is shared by every request asking for the same constraint (``Grammars.compile`` caches it per
+tokenizer); a matcher is one request's position in it: ``fill()`` the allowed tokens as a bitmask (int32 words,
+xgrammar's layout), ``accept(token)``, ``rollback(n)``, ``is_terminated()`` (an EOS accepted where the grammar may
+end), and ``forced_text()`` (the text every match must continue with: xgrammar's jump-forward string). ``choice`` and
+the patterns regex.py reads go to the hand-written automaton (fsm.py); the rest to xgrammar (backend_xgrammar.py),
+vLLM's default, or llguidance (backend_guidance.py); ``auto`` takes the first that enforces the whole constraint.
 """
 from __future__ import annotations
 
@@ -29,9 +27,8 @@ from .schema import CompileBudget, Refused, with_check, xgrammar_reason
 from .vocab import token_bytes
 
 TERMINATED = -2  # the matcher's state after an EOS at the end of a match
-# auto's order. A JSON schema goes to llguidance first: on JSONSchemaBench it compiles 10-100 times faster than
-# xgrammar 0.2.9 (Snowplow's long maxLength strings took xgrammar seconds) and enforces more (allOf, a length beside
-# a pattern); xgrammar takes what llguidance refuses. EBNF grammars are xgrammar's dialect, so xgrammar first there.
+# auto's order. A JSON schema goes to llguidance first: it compiles much faster than xgrammar 0.2.9 (JSONSchemaBench)
+# and enforces more (allOf, a length beside a pattern). EBNF grammars are xgrammar's dialect, so xgrammar first there.
 AUTO_ORDER = {"json": ("guidance", "xgrammar")}
 
 
@@ -117,8 +114,7 @@ class FSMMatcher:
 
 
 class Grammars:
-    """One tokenizer's compiled constraints (an LRU cache bounded in bytes), its token trie and its xgrammar
-    compiler."""
+    """One tokenizer's compiled constraints (an LRU cache bounded in bytes), its token trie and its compilers."""
 
     def __init__(self, folder: str, vocab_size: int, eos_ids: tuple[int, ...], cache_bytes: int = DEFAULT_MAX_BYTES):
         self.folder, self.vocab_size, self.eos_ids = folder, vocab_size, list(eos_ids)
@@ -184,8 +180,7 @@ GRAMMARS_LOCK = threading.Lock()  # requests are prepared on several threads
 
 def grammars_for(folder: str, vocab_size: int, eos_ids: tuple[int, ...],
                  cache_bytes: int = DEFAULT_MAX_BYTES) -> Grammars:
-    """One `Grammars` per tokenizer (and cache bound) in this process: the reference and every stage share its
-    compiled grammars."""
+    """One `Grammars` per tokenizer (and cache bound) in this process, shared by the reference and every stage."""
     key = (folder, vocab_size, eos_ids, cache_bytes)
     with GRAMMARS_LOCK:
         if key not in GRAMMARS:

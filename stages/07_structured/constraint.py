@@ -1,16 +1,14 @@
 """A request's grammar as a logits processor: the mask for the next position, kept in step with the kept tokens.
 
 `GrammarConstraint` is the one processor stage 07 adds to a request (each sample of n > 1 its own). At each
-position it asks its matcher for the allowed tokens as a bitmask and sets every other logit to -inf, on the
-request's own row, so the result never depends on the batch; it follows the kept tokens (``accept``), takes back a
-rejected draft (``rollback``) and says when the structure is complete (``is_terminated``: an EOS was accepted where
-the grammar may end, which ends the request as EOS does).
+position it asks its matcher for the allowed tokens as a bitmask and sets every other logit to -inf on the request's
+own row (never batch-dependent); it follows the kept tokens (``accept``), takes back a rejected draft (``rollback``)
+and says when the structure is complete (``is_terminated``: an EOS accepted where the grammar may end).
 
-Its state has one driver, the request's `Sequence`: it accepts each kept token, and around a row of a step that
-assumes drafts kept it looks ahead along them and comes back (``Sequence.processed``). The one other reader,
-the forced-token proposer (forced.py), asks for the run the grammar forces (``forced_tokens``), which looks ahead
-and comes back inside this object. A mask is computed once per position: the masks the forced run passed through
-are kept for the runner's rows (``masks`` follows the path of tokens they were computed for).
+Its one driver is the request's `Sequence`, which accepts each kept token and, around a row that assumes drafts
+kept, looks ahead along them and comes back. The forced-token proposer (forced.py) asks for the run the grammar
+forces (``forced_tokens``), looked ahead and come back inside this object. A mask is computed once per position:
+those the forced run passed through are kept for the runner's rows (``masks`` follows the path they were made for).
 """
 from __future__ import annotations
 
@@ -31,11 +29,9 @@ BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1, 0.0
 
 
 def apply_bitmask(row: torch.Tensor, words: np.ndarray) -> None:
-    """Set to -inf, in place, every logit whose bit is 0 in ``words`` (bit i of int32 word j: token 32 j + i).
-
-    On the CPU each byte of the mask is looked up as 8 biases and the biases are added to the row (x + 0 = x,
-    x + -inf = -inf): one table lookup and one add over the row, with no branch per token, about a third of the
-    time of unpacking a byte per token and a masked fill (``apply_bitmask_unpacked``; both give the same row)."""
+    """Set to -inf, in place, every logit whose bit is 0 in ``words`` (bit i of int32 word j: token 32 j + i). On the
+    CPU each mask byte is looked up as 8 biases added to the row (x + 0 = x, x + -inf = -inf): no branch per token,
+    a third of the time of ``apply_bitmask_unpacked`` (a byte per token, then a masked fill), the same row."""
     if row.device.type == "cpu":
         bias = np.take(BYTE_BIAS, words.view(np.uint8), axis=0).reshape(-1)[:row.numel()]
         np.add(row.numpy(), bias, out=row.numpy())
@@ -75,11 +71,9 @@ class GrammarConstraint(LogitsProcessor):
 
     def mask(self) -> np.ndarray:
         """The allowed tokens at the current position, computed once per position."""
-        if len(self.masks) <= self.pos:
-            self.masks += [None] * (self.pos + 1 - len(self.masks))
-        if self.masks[self.pos] is None:
+        if len(self.masks) <= self.pos or self.masks[self.pos] is None:
             # Past the end (a row after an EOS that was drafted): EOS again, a defined row that is never kept.
-            self.masks[self.pos] = self.eos_mask if self.matcher.is_terminated() else self.matcher.fill()
+            self.put(self.eos_mask if self.matcher.is_terminated() else self.matcher.fill())
         return self.masks[self.pos]
 
     def pending(self):
