@@ -1,10 +1,9 @@
 """Preemption: when a running request needs a block and none is free, someone gives theirs back.
 
-vLLM's recompute preemption: the most recently admitted request is the victim. Its blocks
-go back to the pool (cached ones stay revivable) and it returns to the front of the queue;
-when it is admitted again its prompt and the tokens it had already generated are recomputed
-(often largely found in the prefix cache). Nothing is lost but time, and since every step's
-math is batch-invariant, the recomputed request goes on with exactly the same tokens.
+vLLM's recompute preemption: the most recently admitted request is the victim. Its blocks go back to the pool
+(cached ones stay revivable) and it returns to the front of the queue; admitted again, its prompt and the tokens it
+had generated are recomputed (often largely found in the prefix cache). Nothing is lost but time: every step's math
+is batch-invariant, so the recomputed request goes on with exactly the same tokens.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The Llama forward pass with its element-wise operations fused: Triton kernels on CUDA,
-hand-written C++ kernels on CPU. Both reproduce ``common.numerics.ops`` bit for bit, so the
-tokens stay the reference's.
+"""The Llama forward pass with its element-wise operations fused: Triton kernels on CUDA, hand-written C++ kernels
+on CPU. Both reproduce ``common.numerics.ops`` bit for bit, so the tokens stay the reference's.
 """
 from __future__ import annotations
 

@@ -2,10 +2,9 @@
 
 Stage 04's engine, unchanged (``build``), steps (schedule -> run -> postprocess) in a loop that never ends while
 requests keep arriving (`EngineLoop`, loop.py): requests join through its inbox between steps, and after each step
-every sequence that ran publishes its new tokens and newly stable text to its `RequestStream` (streams.py). The
-`LLM` here is the front end every stage shares with that loop beside it, and a server's latency metrics and
-gauges as observers of every step. The loop knows the engine, not this front end: it is handed the engine, the
-front end's step (which the observers see) and the two observers it reports aborts to.
+every sequence that ran publishes its new tokens and newly stable text to its `RequestStream` (streams.py). The `LLM`
+here is the front end every stage shares, with that loop beside it and a server's metrics and gauges as observers.
+The loop knows the engine, not this front end: it is handed the engine, the front end's step and two observers.
 """
 from __future__ import annotations
 

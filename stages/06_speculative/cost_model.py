@@ -127,9 +127,8 @@ class AdaptiveDrafts:
 
     def choose(self, seqs: list[Sequence], kinds: list[str], drafts: list[list[int]], base_tokens: int,
                base_rows: int, record: bool = True, passes: list[PassCost | None] | None = None) -> list[int]:
-        """How many of each request's proposed drafts to feed this step (``passes``: what making them costs, for
-        drafts not made yet). Every proposal is remembered, fed or not (``record``): the tokens the step keeps score
-        it (`score`), so a request not drafting still shows what drafting would have kept."""
+        """How many of each request's proposed drafts to feed this step. Every proposal is remembered (``record``), fed
+        or not: the tokens the step keeps score it (`score`), so a request not drafting shows what it would keep."""
         alphas = [self.acceptance(s, k) for s, k in zip(seqs, kinds)]
         ks = best_drafts(alphas, [len(d) for d in drafts], base_tokens, base_rows, self.cost, passes)
         if not record:
@@ -142,8 +141,8 @@ class AdaptiveDrafts:
         return ks
 
     def score(self) -> None:
-        """After a step: each remembered proposal against the tokens its request kept. Its first i tokens matched
-        (i drafts kept) and, where the step's tokens reach past them, one more was tried and missed."""
+        """After a step: each remembered proposal against the tokens its request kept (i matched: i drafts kept and,
+        where the step's tokens reach past them, one more tried and missed)."""
         for seq, kind, length, draft in self.pending.values():
             truth = seq.token_ids[length:]
             hits = next((i for i, (d, t) in enumerate(zip(draft, truth)) if d != t), min(len(draft), len(truth)))

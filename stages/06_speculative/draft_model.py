@@ -2,13 +2,10 @@
 
 Here the copy is the same checkpoint with int4 weights (``speculative_config`` method ``draft_model``, quantization
 ``int4``): a quarter of the bytes a bfloat16 step reads, and it agrees with the full model on most tokens. It keeps
-its OWN paged KV cache (a `BlockManager` and a cache of the engine's kind), one `DraftState` per request:
-
-1. catch up: the tokens the target kept since it last drafted (or the prompt) are fed, all requests in one batched
-   pass, whose last rows give the first draft token;
-2. draft: k - 1 more batched passes of one token per request, each feeding the previous draft token;
-3. roll back: next time, its KV past the first token that differs from the target's kept ones (the rejected drafts)
-   is given back (`BlockManager.truncate`), and catching up starts there.
+its OWN paged KV cache (a `BlockManager` and a cache of the engine's kind), one `DraftState` per request. Each step
+it catches up (the tokens the target kept since it last drafted, or the prompt, all requests in one batched pass
+whose last rows give the first draft token), then drafts (k - 1 more passes of one token per request); next time
+its KV past the first rejected draft is given back (`BlockManager.truncate`) before catching up.
 
 ``draft_num_layers: N`` keeps only the first N decoder layers, then the final norm and head (early exit): a cheaper
 pass that agrees less. Its drafting passes are timed (``pass_cost``): the adaptive policy prices its guesses by them.
@@ -64,9 +61,8 @@ class DraftModelProposer(Proposer):
         return [drafts.get(s.seq_id, []) for s in seqs]
 
     def catch_up(self, seqs: list[Sequence]) -> tuple[dict[int, list[int]], set[int]]:
-        """What each request's draft is fed first: the target's kept tokens past what the draft's cache holds of
-        them (its rejected drafts given back first), and the requests whose feed reaches their last token (they
-        draft now). A long catch-up (a new prompt) is fed ``max_catch_up`` tokens a step at most, in chunks."""
+        """What each request's draft is fed first: the target's kept tokens past those its cache holds (rejected drafts
+        given back first), at most ``max_catch_up`` a step; and the requests whose feed reaches their last token."""
         feeds, complete, budget = {}, set(), self.max_catch_up
         for seq in seqs:
             state, tokens = self.state(seq), seq.token_ids
