@@ -24,23 +24,8 @@ class RandomDrafts(Proposer):
         super().__init__(0)
         self.vocab_size, self.rng = vocab_size, random.Random(seed)
 
-    def draft(self, k: int) -> None:  # each request gets ``k`` drafts from the next step on
-        self.k = k
-
     def propose(self, seqs, ks):
         return [[self.rng.randrange(3, self.vocab_size) for _ in range(k)] for k in ks]
-
-
-def calibration_batches(max_num_seqs: int, k: int, max_rows: int) -> list[tuple[int, list[int]]]:
-    """(requests, drafts per request of each measured step): 1, 2, 4, ... requests, 0, k // 2 and k drafts, as far as
-    a step's budget allows."""
-    points, batch = [], 1
-    while batch <= max_num_seqs:
-        drafts = [d for d in (0, k // 2, k) if batch * (1 + d) <= max_rows]
-        if drafts:
-            points.append((batch, drafts))
-        batch *= 2
-    return points
 
 
 def calibrate(llm) -> None:
@@ -53,7 +38,9 @@ def calibrate(llm) -> None:
     max_tokens = 2 + 4 * (k + 1)  # room for every measured step's drafts (a run of random ones keeps 1 a step)
     per_seq = -(-(PROMPT_TOKENS + max_tokens) // bm.block_size)  # blocks a request holds at most
     most_seqs = min(sched.max_num_seqs, 64, max(1, (bm.num_free_blocks - 1) // per_seq))
-    batches = calibration_batches(most_seqs, k, sched.max_num_batched_tokens)
+    budget = sched.max_num_batched_tokens
+    batches = [(b, ds) for b in (2 ** i for i in range(most_seqs.bit_length()))  # 1, 2, 4, ... requests
+               if (ds := [d for d in (0, k // 2, k) if b * (1 + d) <= budget])]  # no drafts, k // 2, k: if room
     proposer, params = RandomDrafts(llm.config.vocab_size), dict(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     with sched.drafting_with(proposer):
         for i, (batch, drafts) in enumerate(batches[-1:] + batches):  # the first pays one-time costs, unmeasured
@@ -66,17 +53,16 @@ def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, 
     """Prefill ``batch`` requests of random tokens (no prefix cache hit shortens a step; unmeasured), then one
     decoding step per entry of ``drafts``, timed and observed (unless ``policy`` is None: a warm-up) when every request
     fed its token and its drafts."""
-    engine, rng, vocab = llm.engine, random.Random(seed), llm.config.vocab_size
-    sched = engine.scheduler
+    engine, sched, rng, vocab = llm.engine, llm.engine.scheduler, random.Random(seed), llm.config.vocab_size
     try:
         for _ in range(batch):
             for seq in llm.make_samples([rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)], params):
                 engine.add(seq)
-        proposer.draft(0)
+        proposer.k = 0  # each request's drafts from the next step on
         while sched.waiting or any(s.num_new_tokens != 1 for s in sched.running):
             engine.step()  # the prompts, in as many steps as the budget takes
         for d in drafts:
-            proposer.draft(d)
+            proposer.k = d
             start = time.perf_counter()
             result = engine.step()
             seconds = time.perf_counter() - start
