@@ -88,23 +88,18 @@ def best_drafts(alphas: list[float], lengths: list[int], base_tokens: float, bas
     passes = passes or [None] * len(lengths)
     in_pass: Counter = Counter()  # (draft model, j) -> requests its j-th pass drafts for
     drafting = 0.0  # seconds of draft passes the D best cost
-    def seconds(rows):
-        return max(cost.seconds(base_rows, rows) + drafting, 1e-12)
-
-    tokens, best, best_d = base_tokens, base_tokens / seconds(base_rows), 0
+    tokens, best, best_d = base_tokens, base_tokens / max(cost.seconds(base_rows, base_rows), 1e-12), 0
     for d, (worth, j, i) in enumerate(slots, 1):
         tokens += worth
         if passes[i] is not None:  # one more row in the draft's j-th pass (the first of it: the pass itself)
             key = (id(passes[i]), -j)
             drafting += passes[i].seconds(in_pass[key] + 1) - passes[i].seconds(in_pass[key])
             in_pass[key] += 1
-        rate = tokens / seconds(base_rows + d)
+        rate = tokens / max(cost.seconds(base_rows, base_rows + d) + drafting, 1e-12)
         if rate > best:
             best, best_d = rate, d
-    ks = [0] * len(lengths)
-    for _, _, i in slots[:best_d]:
-        ks[i] += 1
-    return ks
+    fed = Counter(i for _, _, i in slots[:best_d])
+    return [fed[i] for i in range(len(lengths))]
 
 
 class AdaptiveDrafts:
@@ -131,9 +126,7 @@ class AdaptiveDrafts:
         or not: the tokens the step keeps score it (`score`), so a request not drafting shows what it would keep."""
         alphas = [self.acceptance(s, k) for s, k in zip(seqs, kinds)]
         ks = best_drafts(alphas, [len(d) for d in drafts], base_tokens, base_rows, self.cost, passes)
-        if not record:
-            return ks
-        for seq, kind, draft, k in zip(seqs, kinds, drafts, ks):
+        for seq, kind, draft, k in zip(seqs, kinds, drafts, ks) if record else ():
             if draft:
                 self.pending[seq.seq_id] = (seq, kind, len(seq.token_ids), list(draft))
             self.counts["proposed"] += len(draft)
