@@ -151,10 +151,9 @@ class BlockManager:
     def free_sequence(self, seq: Sequence) -> None:
         """Return a finished or preempted sequence's blocks; cached ones stay revivable until handed out again.
 
-        Tail first: the free list hands out (and so evicts) its least recently freed block first, and a cached
-        block is useful only if every block before it is still cached too. Freed last to first, a sequence's tail
-        goes before its head, which any later request with the same start can reuse; freed head first, the next
-        allocation would evict the head and leave the rest of its chain cached but unreachable."""
+        Tail first: the free list hands out (and so evicts) its least recently freed block first, and a cached block
+        is useful only if every block before it is still cached too. Freed head first, the next allocation would
+        evict the head and leave the rest of its chain cached but unreachable."""
         # lab 03.3 begin: free with reference counts
         for block_id in reversed(self.tables.pop(seq.seq_id, [])):
             block = self.blocks[block_id]
@@ -168,10 +167,9 @@ class BlockManager:
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Keep ``seq``'s first ``num_tokens`` slots and give back the rest: a rejected draft's slots (stage 06).
 
-        Whole blocks past them return to the pool, tail first (as ``free_sequence`` does). The last block kept
-        is partial when ``num_tokens`` ends inside it, and its later slots will be written again: a block the
-        prefix cache knows (it was full) is forgotten there first, unless another sequence holds it too, in which
-        case the next write copies it (copy-on-write) and the cached one stays as it is."""
+        Whole blocks past them return to the pool, tail first. The last block kept is partial when ``num_tokens``
+        ends inside it, and its later slots will be written again: a block the prefix cache knows is forgotten there
+        first, unless another sequence holds it too (then the next write copies it, and the cached one stays)."""
         table = self.tables.get(seq.seq_id, [])
         keep = self.blocks_for(num_tokens)
         for block_id in reversed(table[keep:]):
@@ -189,11 +187,10 @@ class BlockManager:
             self.free[block_id] = None
 
     def audit(self, running: list[Sequence]) -> None:
-        """Check the accounting after a step; raise `AuditError` saying what is wrong. Reference counts equal the
-        block tables that hold each block, the free list is exactly the unreferenced blocks, every running
-        sequence holds blocks for the tokens it has computed, and a block past a sequence's computed tokens
-        holds no cached prefix unless another sequence holds it too (its slots are still to be written, and a
-        shared block is copied before that)."""
+        """Check the accounting after a step; raise `AuditError` saying what is wrong. Reference counts equal the block
+        tables that hold each block, the free list is exactly the unreferenced blocks, every running sequence holds
+        blocks for its computed tokens, and a block past them holds no cached prefix unless another sequence holds it
+        too (its slots are still to be written; a shared block is copied first)."""
         held = Counter(b for table in self.tables.values() for b in table)
         for seq_id, table in self.tables.items():
             if len(set(table)) != len(table):

@@ -46,17 +46,14 @@ class FSMGrammar:
 
     def mask(self, state: int) -> np.ndarray:
         with self.lock:
-            return self.mask_locked(state)
-
-    def mask_locked(self, state: int) -> np.ndarray:
-        if state not in self.masks:
-            if state < 0:  # TERMINATED, or -1: a pattern no string matches (its start state was pruned: fsm.py)
-                allowed = []
-            else:
-                allowed = allowed_tokens(self.dfa, state, self.g.trie)
-                allowed += self.g.eos_ids if self.dfa.accepting(state) else []
-            self.masks[state] = pack(allowed, self.g.vocab_size)
-        return self.masks[state]
+            if state not in self.masks:
+                if state < 0:  # TERMINATED, or -1: a pattern no string matches (its start state was pruned: fsm.py)
+                    allowed = []
+                else:
+                    allowed = allowed_tokens(self.dfa, state, self.g.trie)
+                    allowed += self.g.eos_ids if self.dfa.accepting(state) else []
+                self.masks[state] = pack(allowed, self.g.vocab_size)
+            return self.masks[state]
 
     def matcher(self) -> FSMMatcher:
         return FSMMatcher(self)
@@ -64,17 +61,14 @@ class FSMGrammar:
     def forced_text(self, state: int) -> str:
         """The text every match must continue with from ``state``: bytes while exactly one byte keeps it alive and
         the pattern cannot end there, cut to whole characters."""
-        with self.lock:
-            return self.forced_text_locked(state)
-
-    def forced_text_locked(self, state: int) -> str:
         data, dfa = bytearray(), self.dfa
-        while state >= 0 and not dfa.accepting(state) and len(data) < 256:
-            live = [b for b, nxt in enumerate(dfa.row(state)) if nxt >= 0]
-            if len(live) != 1:
-                break
-            data.append(live[0])
-            state = dfa.row(state)[live[0]]
+        with self.lock:
+            while state >= 0 and not dfa.accepting(state) and len(data) < 256:
+                live = [b for b, nxt in enumerate(dfa.row(state)) if nxt >= 0]
+                if len(live) != 1:
+                    break
+                data.append(live[0])
+                state = dfa.row(state)[live[0]]
         return bytes(data).decode("utf-8", errors="ignore")
 
 
