@@ -1,9 +1,8 @@
 """xgrammar (Dong et al. 2024), the backend vLLM defaults to: JSON schemas it enforces whole, EBNF grammars, regexes.
 
-A compiled grammar is shared; a matcher is one request's position in it, behind the interface every backend gives:
-``fill()`` the allowed tokens as a bitmask (int32 words), ``accept(token)``, ``rollback(n)``, ``is_terminated()``
-(an EOS was accepted where the grammar may end) and ``forced_text()`` (xgrammar's jump-forward string). A schema is
-made one xgrammar accepts first (``schema.prepare``): xgrammar would skip a keyword it does not enforce.
+A compiled grammar is shared; a matcher is one request's position in it, behind backends.py's interface (its
+``forced_text()`` is xgrammar's jump-forward string). A schema is first made one xgrammar enforces whole
+(``schema.prepare``): xgrammar would skip a keyword it does not enforce.
 """
 from __future__ import annotations
 

@@ -106,9 +106,7 @@ class GrammarConstraint(LogitsProcessor):
         self.mask_calls += 1
 
     def accept(self, token: int) -> None:
-        if self.pos < len(self.path) and self.path[self.pos] == token:
-            pass  # the path the masks ahead were computed for
-        else:
+        if not (self.pos < len(self.path) and self.path[self.pos] == token):  # off the path the masks ahead are for
             del self.path[self.pos:], self.masks[self.pos + 1:]
             self.path.append(token)
             for q in [q for q in self.failures if q > self.pos]:

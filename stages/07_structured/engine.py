@@ -48,9 +48,8 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
 
 
 class StructuredOutputs:
-    """What any front end needs to apply ``structured_outputs``: mixed in first into a `common.llm.LLM` subclass, as
-    the tests do for the reference and stages 03-06 (the same constraint, the same arithmetic), or, as this stage's
-    `LLM` does, its ``constraint_processors`` given to the front end it holds."""
+    """What any front end needs to apply ``structured_outputs``: mixed into a `common.llm.LLM` subclass (the tests
+    do, for the reference and stages 03-06), or its ``constraint_processors`` given to a held front end (this `LLM`)."""
 
     def constraint_processors(self, params: SamplingParams, request: Request) -> list[LogitsProcessor]:
         so = params.structured_outputs
@@ -79,8 +78,8 @@ class StructuredOutputs:
 
 
 class LLM(StructuredOutputs, HeldFrontEnd):
-    """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, applying
-    structured_outputs: each request's constraint comes from `StructuredOutputs` (given as ``constraints``)."""
+    """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, each request's
+    constraint from `StructuredOutputs` (given as ``constraints``)."""
     build = staticmethod(build)
     # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm), as stage 06.
     command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})
