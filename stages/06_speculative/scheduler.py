@@ -1,12 +1,11 @@
 """Scheduling drafts: before stage 03's schedule, each decoding request gets the draft tokens its step can take.
 
-`SpeculativeScheduler` is stage 03's `Scheduler` with one thing done before it plans the step. A draft is fed whole
-in the step that verifies it, after the request's own token, so each decoding request's drafts are capped first
-(`draft_caps`): by what its proposer may give, by what the request can still produce (a draft past its end is
-wasted), by the step's token budget left at its turn (oldest first, as stage 03 schedules), and by the KV blocks
-free without preempting anyone (a guess is never worth evicting a request). The proposers, in priority order (the
-first whose ``limit`` is not None drafts; stage 07 adds the grammar's forced tokens at the front), then guess. With
-a policy (cost_model.py, the default), only the drafts worth their rows are fed, and every step teaches it.
+A draft is fed whole in the step that verifies it, after the request's own token, so `draft_caps` first caps each
+decoding request's drafts: by its proposer's limit, by what the request can still produce, by the step's token
+budget left at its turn (oldest first, as stage 03 schedules), and by the KV blocks free without preempting anyone (a
+guess is never worth evicting a request). The proposers (in priority order: the first whose ``limit`` is not None
+drafts; stage 07 puts the grammar's forced tokens first) then guess, and a policy (cost_model.py, the default) keeps
+the drafts worth their rows, learning from every step. Then stage 03's plan runs unchanged.
 """
 from __future__ import annotations
 
