@@ -26,8 +26,8 @@ class SeqOutput:
 
 @dataclass
 class ScheduledBatch:
-    """What the scheduler chose for one step (vLLM's SchedulerOutput): the sequences, what each feeds, where their
-    keys and values go, and what the choice did to the queue."""
+    """What the scheduler chose for one step (vLLM's SchedulerOutput): the sequences, what each feeds, where their KV
+    goes, and what the choice did to the queue."""
     seqs: list[Sequence]  # in the step's order
     lens: list[int]  # tokens each feeds (draft tokens included)
     starts: list[int]  # position of the first token each feeds

@@ -7,8 +7,7 @@ before the model loads, then handed to the parts, each of which reads its sectio
     speculative         SpeculativeConfig|None   speculative_config: what stage 06 drafts with (None: nothing)
     structured_outputs  StructuredOutputsConfig  the grammar backend and the forced tokens of stage 07
 
-The option names are vLLM's. Every stage takes every option; a stage reads the sections of the parts it is
-built from (stage 01 has no block to size, stage 05 no proposer to choose).
+The option names are vLLM's. Every stage takes every option, and reads the sections of the parts it is built from.
 """
 from __future__ import annotations
 

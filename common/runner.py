@@ -21,9 +21,8 @@ class ModelRunner:
         self.model, self.logprobs_mode = model, logprobs_mode
 
     def run(self, seqs: list[Sequence], query_lens: list[int], cache: AttentionBackend) -> list[SeqOutput]:
-        """Feed each sequence its next ``query_lens[i]`` tokens (its own, then any draft tokens); sample for those
-        whose fed tokens reach their end. A sequence fed only a chunk of its prompt (chunked prefill, stage 03)
-        gets no token: its next chunk comes in a later step."""
+        """Feed each sequence its next ``query_lens[i]`` tokens (its own, then any drafts); sample for those whose fed
+        tokens reach their end (a chunk of a prompt, stage 03's chunked prefill, gets no token)."""
         ids, positions, first_rows, sampled = [], [], [], []  # sampled: (sequence index, its first sampled row)
         outputs = [SeqOutput() for _ in seqs]
         for i, (seq, n) in enumerate(zip(seqs, query_lens)):
@@ -78,9 +77,8 @@ class ModelRunner:
                 break
 
     def score_prompt(self, seq: Sequence, n: int, hidden: torch.Tensor, first_row: int) -> list:
-        """vLLM's prompt_logprobs: each prompt token's log-probability given the tokens before it, from the rows
-        this step fed (a chunk of the prompt, or all of it); the scheduler shares no cached block with such a
-        request, so every row is computed. Scored once per token, even when a preempted request recomputes."""
+        """vLLM's prompt_logprobs: each prompt token's log-probability given those before it, from the rows this step
+        fed (such a request shares no cached block, so every row is computed); once per token, even when recomputed."""
         start, end = max(seq.num_cached_tokens, len(seq.prompt_logprobs) - 1), min(seq.num_cached_tokens + n,
                                                                                    seq.num_prompt_tokens - 1)
         if start >= end:

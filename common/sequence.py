@@ -123,8 +123,7 @@ class Sequence:
 
     @property
     def num_new_tokens(self) -> int:
-        """Tokens the next step must feed: the whole prompt at first, then the last sampled token (and the drafts
-        to verify after it, if any)."""
+        """Tokens the next step must feed: the prompt at first, then the last sampled token (and drafts to verify)."""
         return len(self) + len(self.spec_token_ids) - self.num_cached_tokens
 
     def feed_ids(self, n: int) -> list[int]:
@@ -149,9 +148,8 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def processed(self, logits: torch.Tensor, ahead: list[int]) -> torch.Tensor:
-        """Its logits row after its processors, at the position after its kept tokens and ``ahead`` (the draft
-        tokens a step assumes kept): each rule with state looks ahead along them and comes back, so it follows the
-        kept tokens alone (the sequence is its one driver: `append_token` moves it past a kept token)."""
+        """Its logits row after its processors, at the position after its kept tokens and ``ahead`` (drafts a step
+        assumes kept): each rule looks ahead along them and comes back, so it follows the kept tokens alone."""
         if not self.processors:
             return logits
         for rule in self.processors:

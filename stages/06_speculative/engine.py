@@ -83,8 +83,7 @@ class LLM(HeldFrontEnd):
     """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, with what speculation
     did counted (``spec_stats``) and the adaptive policy calibrated (calibration.py) before the first request."""
     build = staticmethod(build)
-    # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm): prompt lookup.
-    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})
+    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})  # stages/cli.py's make_llm
 
     def __init__(self, model: str = DEFAULT_MODEL, **options):
         self.front = StreamingLLM(model, build=build, **options)

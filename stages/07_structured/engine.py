@@ -81,8 +81,7 @@ class LLM(StructuredOutputs, HeldFrontEnd):
     """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, each request's
     constraint from `StructuredOutputs` (given as ``constraints``)."""
     build = staticmethod(build)
-    # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm), as stage 06.
-    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})
+    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})  # stages/cli.py's make_llm
 
     def __init__(self, model: str = DEFAULT_MODEL, **options):
         self.front = StreamingLLM(model, build=build, constraints=self.constraint_processors, **options)
