@@ -1,10 +1,9 @@
 """The adaptive policy's first measurements (cost_model.py's `StepCost`), taken when the stage's `LLM` starts.
 
-For 1, 2, 4, ... requests, a few decoding steps feeding each request's own token and no drafts, half of ``k`` or all
-``k`` random ones (each verified and missed, as a wrong guess is). Verify steps, not prefills of as many rows: every
-fed row runs the LM head too (timing prefills left it unmeasured, and the policy fed drafts at 16-64 in flight where
-they lost). The requests run on the engine directly (no observer sees them); then a draft model, where one drafts,
-times a few passes (draft_model.py). Every later step refines the fits.
+For 1, 2, 4, ... requests, decoding steps feeding each request's token and no drafts, k // 2 or k random ones (each
+missed, as a wrong guess is): verify steps, whose every row runs the LM head too (timed prefills left it out, and the
+policy fed drafts where they lost). The requests run on the engine directly (no observer sees them); a draft model
+then times a few passes (draft_model.py). Every later step refines the fits.
 """
 from __future__ import annotations
 

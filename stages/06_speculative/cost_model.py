@@ -1,10 +1,9 @@
-"""Adaptive drafting: how many drafts each request feeds this step, decided by measurement, not by a constant.
+"""Adaptive drafting (vLLM's ``enable_adaptive_verification``): how many drafts each request feeds, by measurement.
 
-A draft row pays only while a step is bound by reading the weights, which depends on the machine, the load and the
-workload, so no ``disable_by_batch_size`` is right everywhere. `StepCost` fits a step's t(rows) = a + b * rows here
-(seeded by calibration.py, refined by every step); `AdaptiveDrafts` keeps each request's acceptance α (the j-th draft
-is worth α^j tokens); `best_drafts` feeds the drafts that give the most expected tokens per second, a draft model's
-passes (`PassCost`) counted. README: "Drafting only where it pays"; vLLM's ``enable_adaptive_verification``.
+A draft row pays only while a step is bound by reading the weights (machine, load and workload decide; README:
+"Drafting only where it pays"). `StepCost` fits t(rows) = a + b * rows here (seeded by calibration.py, refined every
+step), `AdaptiveDrafts` keeps each request's acceptance α (its j-th draft is worth α^j tokens), `best_drafts` feeds
+the drafts worth the most tokens per second, a draft model's passes (`PassCost`) counted.
 """
 from __future__ import annotations
 

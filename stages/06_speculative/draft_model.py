@@ -1,15 +1,12 @@
 """The draft model: a smaller, cheaper copy of the model guesses the next k tokens, greedily (Leviathan et al. 2023).
 
-Here the copy is the same checkpoint with int4 weights (``speculative_config`` method ``draft_model``, quantization
-``int4``): a quarter of the bytes a bfloat16 step reads, and it agrees with the full model on most tokens. It keeps
-its OWN paged KV cache (a `BlockManager` and a cache of the engine's kind), one `DraftState` per request. Each step
-it catches up (the tokens the target kept since it last drafted, or the prompt, all requests in one batched pass
-whose last rows give the first draft token), then drafts (k - 1 more passes of one token per request); next time
-its KV past the first rejected draft is given back (`BlockManager.truncate`) before catching up.
-
-``draft_num_layers: N`` keeps only the first N decoder layers, then the final norm and head (early exit): a cheaper
-pass that agrees less. Its drafting passes are timed (``pass_cost``): the adaptive policy prices its guesses by them.
-Drafting is greedy whatever the request samples: exact-match verification keeps the target's tokens for any draft.
+Here the copy is the same checkpoint with int4 weights (method ``draft_model``, quantization ``int4``): a quarter of
+the bytes a bfloat16 step reads, agreeing with the full model on most tokens. It keeps its OWN paged KV cache, one
+`DraftState` per request. Each step it catches up (the tokens the target kept since it last drafted, all requests in
+one batched pass whose last rows give the first drafts), then drafts (k - 1 passes of one token per request); next
+time its KV past the first rejected draft is given back (`BlockManager.truncate`). ``draft_num_layers: N`` keeps the
+first N layers only (early exit): a cheaper pass that agrees less. Its passes are timed (``pass_cost``) for the
+adaptive policy. Drafting is greedy whatever the request samples: verification keeps the target's tokens anyway.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Proposers whose drafts cost (almost) nothing to make (each a `Proposer`, proposer.py).
 
-* `NgramProposer`, vLLM's ``ngram`` method (prompt lookup decoding, Saxena 2023): the text so far often repeats
-  itself (a summary quotes its source, code repeats identifiers), so what followed its last few tokens earlier in
-  the prompt and output is proposed.
+* `NgramProposer`, vLLM's ``ngram`` method (prompt lookup decoding, Saxena 2023): text repeats itself (a summary
+  quotes its source, code its identifiers), so what followed its last few tokens earlier on is proposed.
 * `PredictionProposer`, OpenAI's predicted outputs: the output is drafted from the text the caller expects.
 """
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Suffix decoding (Oliaro et al., arXiv 2411.04975; Snowflake's Arctic Inference; vLLM's ``suffix`` method).
 
-An agent that rewrites the same file writes what it, or an earlier request, wrote before. Prompt lookup (``ngram``)
-copies what followed the first occurrence of the last few tokens in this request; suffix decoding counts every
+An agent that rewrites a file writes what it, or an earlier request, wrote before. Where prompt lookup (``ngram``)
+copies what followed the last few tokens' first occurrence in this request, suffix decoding counts every
 continuation in two trees, as Arctic's ``SuffixDecodingCache``: the request's own text, and the answers of the last
-``suffix_decoding_max_cached_requests`` requests (first in, first out: bounded memory). Arctic's tree also
-compresses paths (a node per run of tokens), left out here for the lesson.
+``suffix_decoding_max_cached_requests`` requests (first in, first out). Arctic's path compression is left out.
 """
 from __future__ import annotations
 
