@@ -75,9 +75,8 @@ class BlockManager:
         return revived + fresh + copy <= self.num_free_blocks
 
     def fork_source(self, seq: Sequence) -> tuple[list[int], int]:
-        """The blocks of a sibling sample (same prompt) that hold ``seq``'s prompt, and how many tokens they hold:
-        its whole prompt but the last token, whose logits give the sample's own first token (the whole prompt
-        for a sample preempted after it generated). ([], 0) when no sibling has computed that much."""
+        """A sibling sample's blocks holding ``seq``'s prompt but its last token (whose logits give the sample's own
+        first token; all of it after a preemption), and how many tokens they hold; ([], 0) when none has them yet."""
         want = min(seq.num_prompt_tokens, len(seq) - 1)
         for other in seq.group:
             if other is not seq and other.seq_id in self.tables and other.num_cached_tokens >= want > 0:

@@ -130,8 +130,7 @@ class Scheduler:
             budget -= plan.num_tokens
 
     def admission(self, seq: Sequence, budget: int) -> Admission | None:
-        """How ``seq`` would start now, or None if it cannot: the longest of a sibling's prompt blocks (a fork) and
-        its cached prefix, then its next chunk, and blocks enough for it."""
+        """How ``seq`` starts now (the longer of a sibling's prompt blocks and its cached prefix; a chunk), or None."""
         bm = self.block_manager
         if seq.params.prompt_logprobs is not None:  # it needs every prompt row computed: nothing shared
             prefix, cached, hits = [], 0, 0
@@ -163,8 +162,7 @@ class Scheduler:
         self.admitted.append(seq)
 
     def chunk(self, seq: Sequence, remaining: int, budget: int) -> int:
-        """Tokens ``seq`` feeds this step out of ``remaining``: all of them or the budget's worth (chunked
-        prefill); 0 when they do not all fit and chunking is off."""
+        """Tokens ``seq`` feeds of ``remaining``: all if they fit, else the budget's worth (chunked prefill) or 0."""
         n = min(remaining, budget)
         return n if n == remaining or self.chunked_prefill else 0
 

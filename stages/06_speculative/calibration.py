@@ -16,8 +16,7 @@ PROMPT_TOKENS = 16  # a short context: what is measured is the rows, not the att
 
 
 class RandomDrafts(Proposer):
-    """``k`` random tokens for each request asked: calibration's drafts (a real proposer's would match the prompt's
-    repeats; random ones miss, so each step keeps one token per request and the next step is alike)."""
+    """``k`` random drafts per request: each missed, so every step keeps one token per request, like the next."""
 
     def __init__(self, vocab_size: int, seed: int = 0):
         super().__init__(0)
@@ -49,9 +48,8 @@ def calibrate(llm) -> None:
 
 
 def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, seed: int, params: dict) -> None:
-    """Prefill ``batch`` requests of random tokens (no prefix cache hit shortens a step; unmeasured), then one
-    decoding step per entry of ``drafts``, timed and observed (unless ``policy`` is None: a warm-up) when every request
-    fed its token and its drafts."""
+    """Prefill ``batch`` requests of random tokens (no prefix cache hit), then time one decoding step per entry of
+    ``drafts``, observed (unless ``policy`` is None: a warm-up) when every request fed its token and drafts."""
     engine, sched, rng, vocab = llm.engine, llm.engine.scheduler, random.Random(seed), llm.config.vocab_size
     try:
         for _ in range(batch):

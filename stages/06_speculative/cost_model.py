@@ -47,8 +47,7 @@ class StepCost:
 
 
 class PassCost:
-    """A draft model's pass seconds against its rows, t(rows) = a + b * rows, fitted like `StepCost` (draft_model.py
-    measures its drafting passes, and a few at start). Nothing measured yet: 0."""
+    """A draft model's pass seconds, t(rows) = a + b * rows, fitted like `StepCost`; nothing measured yet: 0."""
 
     def __init__(self, window: int = 48):
         self.points: deque = deque(maxlen=window)

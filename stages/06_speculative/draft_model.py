@@ -23,8 +23,7 @@ from .proposer import Proposer
 
 
 class DraftState:
-    """What the draft model holds for one request: the tokens its KV cache holds (``fed``), in order, and their
-    count, which the block manager keeps in step with its blocks."""
+    """What the draft model holds for one request: the tokens its KV cache holds (``fed``) and their count."""
 
     def __init__(self, seq_id: int):
         self.seq_id, self.fed, self.num_cached_tokens = seq_id, [], 0
@@ -96,8 +95,7 @@ class DraftModelProposer(Proposer):
         return tokens
 
     def calibrate(self) -> None:
-        """Drafting passes of 1, 2, 4 and 8 rows, so the policy prices drafts from the first request: three rounds, the
-        first unmeasured (a row count's first pass pays one-time costs)."""
+        """Passes of 1, 2, 4 and 8 rows, so drafts are priced from the first request (the first round, unmeasured)."""
         bm, vocab = self.block_manager, self.model.config.vocab_size
         for i, rows in enumerate([1, 2, 4, 8] * 3):
             states = [DraftState(-1 - 8 * i - j) for j in range(rows)]  # not requests' ids
@@ -117,8 +115,7 @@ class DraftModelProposer(Proposer):
         return self.states[seq.seq_id][1]
 
     def room(self, state: DraftState, n: int) -> bool:
-        """Whether the draft's pool can take ``n`` more of this request's tokens, giving back the KV of requests
-        that are not running (waiting after a preemption) when it must."""
+        """Whether the pool takes ``n`` more of its tokens, giving back the KV of preempted requests if it must."""
         bm = self.block_manager
         for seq_id in [i for i, (s, _) in self.states.items() if s.num_cached_tokens == 0 and i != state.seq_id]:
             if bm.can_append(state, n):

@@ -57,10 +57,9 @@ class SuffixTree:
             node = child
 
     def speculate(self, context: list[int], k: int, factor: float, min_prob: float, offset: float = 0.0) -> Draft:
-        """Arctic's ``SuffixTree::speculate``: each suffix of the last ``depth`` tokens (1, 2, ..., shorter than the
-        context) found here is a match; from each the most frequent path is followed, a token's probability the
-        product of child count over parent count, while >= ``min_prob``, for at most ``factor`` x match length +
-        ``offset`` (vLLM: none) and ``k`` tokens. The best score wins (a tie: the longer match)."""
+        """Arctic's ``SuffixTree::speculate``: from each suffix of the context found here (1, 2, ... tokens), the most
+        frequent path (a token's probability: child count over parent count, multiplied) while >= ``min_prob``, for
+        at most ``factor`` x match length + ``offset`` and ``k`` tokens. The best score wins (a tie: the longer)."""
         context, best = context[-self.depth:], Draft([], 0.0, 0)
         for n in range(1, len(context)):
             node = self.root

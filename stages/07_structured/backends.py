@@ -40,8 +40,7 @@ class FSMGrammar:
     def __init__(self, tree: tuple, grammars: Grammars):
         self.dfa, self.g = DFA(NFA(tree)), grammars
         self.masks: dict[int, np.ndarray] = {}
-        # The DFA grows as requests reach new states, from the engine thread and from the threads that prepare
-        # requests (their first mask): one grows it at a time.
+        # The DFA grows as requests reach new states, on the engine thread and those preparing requests: one at a time.
         self.lock = threading.Lock()
 
     def mask(self, state: int) -> np.ndarray:
@@ -140,9 +139,8 @@ class Grammars:
         return hit if hit is not None else self.budget.run(key, work, budget_s, so.kind)
 
     def build(self, so: StructuredOutputsParams, backend: str = "auto"):
-        """The one compile entry: ``backend`` "fsm", "xgrammar", "guidance", or "auto" (the hand-written automaton
-        for a choice or a simple pattern, then the backends in ``AUTO_ORDER``: the first that enforces the whole
-        constraint). `InvalidParam` naming the keyword, its place and why when none does."""
+        """The one compile entry: ``backend`` "fsm", "xgrammar", "guidance", or "auto" (the automaton for a choice or a
+        simple pattern, then the first of ``AUTO_ORDER`` that enforces it all); `InvalidParam` saying why when none."""
         if so.kind in ("choice", "regex") and backend in ("auto", "fsm"):
             try:
                 tree = ("alt", [literal(c) for c in so.choice]) if so.kind == "choice" else parse(so.regex)

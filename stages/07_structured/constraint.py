@@ -59,9 +59,7 @@ class GrammarConstraint(LogitsProcessor):
                  name: str = "structured_outputs"):
         self.matcher, self.eos_ids, self.name = matcher, eos_ids, name
         self.eos_mask = pack(eos_ids[:1], vocab_size)
-        # Another rule of the request can also ban tokens (allowed_token_ids, bad_words, min_tokens): then a row may
-        # be left with none, checked after this mask (it comes last in the chain).
-        self.check_empty = check_empty
+        self.check_empty = check_empty  # other rules ban tokens too: a row they leave empty is caught (this comes last)
         self.pos = 0  # tokens accepted
         self.live = 0  # of them, accepted by the matcher (all, unless the request failed)
         self.path: list[int] = []  # the tokens the memo below follows (the accepted ones, then any looked ahead)
@@ -131,9 +129,8 @@ class GrammarConstraint(LogitsProcessor):
         return self.matcher.is_terminated()
 
     def forced_tokens(self, k: int, encode=None) -> tuple[list[int], int, int]:
-        """At most ``k`` tokens the grammar forces from where the request stands, and how many of them were forced
-        (a mask of one token) and spelled (forced text written as ``encode``, the tokenizer's, writes it); the state
-        is as it was after. Forced text is proposed as the tokenizer spells it, kept where the model agrees."""
+        """At most ``k`` tokens the grammar forces from where the request stands, and how many were forced (a mask of
+        one token) and spelled (forced text as ``encode``, the tokenizer, writes it); the state is as it was after."""
         if self.error or self.is_terminated():
             return [], 0, 0
         run, forced, spelled = [], 0, 0

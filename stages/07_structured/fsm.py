@@ -3,11 +3,10 @@
 Three steps, the whole idea of guided generation (Willard & Louf 2023):
 1. the pattern (regex.py's tree) becomes a nondeterministic automaton over *bytes* (Thompson's construction; a
    character class becomes the UTF-8 byte sequences of its code points), read as a deterministic one whose states
-   are sets of NFA states, built as they are reached (`DFA.step`);
+   are sets of NFA states, built as they are reached (`DFA.row`);
 2. the vocabulary is a trie of token bytes (`Trie`), built once per tokenizer;
-3. the tokens a state allows are those whose every byte keeps the automaton alive: walk the trie and the
-   automaton together, dropping a whole subtree at the first byte that kills it (`allowed_tokens`). A token may
-   end anywhere inside a match; the EOS tokens are allowed where the pattern may end.
+3. a state allows the tokens whose every byte keeps the automaton alive: walk the trie and the automaton together,
+   dropping a subtree at the first byte that kills it (`allowed_tokens`); EOS where the pattern may end.
 A state's mask is computed the first time a request reaches it, then reused by every request of that pattern.
 """
 from __future__ import annotations

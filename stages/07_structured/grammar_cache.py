@@ -37,9 +37,8 @@ def grammar_bytes(grammar) -> int:
 
 
 class GrammarCache:
-    """Key -> compiled grammar, least recently used first; the sum of `grammar_bytes` kept under ``max_bytes``
-    (the newest grammar is kept even when it alone is larger: its request needs it). Safe from several threads:
-    requests are prepared on worker threads."""
+    """Key -> compiled grammar, least recently used first, their `grammar_bytes` kept under ``max_bytes`` (the newest
+    kept even when larger alone: its request needs it). Thread-safe: requests are prepared on worker threads."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
         self.max_bytes = max_bytes

@@ -1,9 +1,8 @@
 """The vocabulary as bytes: what each token id writes into the output, read from the model folder's tokenizer.json.
 
-A grammar speaks of characters, the model of tokens; both backends need, for every token id, the exact bytes it
-adds to the text. A byte-level BPE vocabulary (GPT-2's scheme: SmolLM2, Llama 3, Qwen) spells each byte as a
-printable character (a space is "Ġ"), so a token's bytes are its string mapped back through that table. Special
-tokens (``<|im_start|>``) write no text a grammar could match: they are None, never allowed inside a structure.
+A grammar speaks of characters, the model of tokens: the backends need each token's exact bytes. A byte-level BPE
+vocabulary (GPT-2's scheme: SmolLM2, Llama 3, Qwen) spells each byte as a printable character (a space is "Ġ"), so
+a token's bytes are its string mapped back. Special tokens (``<|im_start|>``) are None: never inside a structure.
 """
 from __future__ import annotations
 
