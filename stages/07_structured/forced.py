@@ -1,12 +1,10 @@
 """Forced tokens for free: where the grammar allows exactly one next token, the engine knows it without sampling.
 
-After ``{"name": "Ada"`` a schema whose next key is ``age`` forces the text ``, "age": ``, and after the last value
-``}`` and then EOS. `ForcedTokens`, one more of stage 06's proposers, asks each constrained request's
-`GrammarConstraint` for the run its grammar forces (``forced_tokens``), fed as draft tokens. Verified by exact
-match, the tokens are those of plain masked decoding, in fewer steps: a token whose mask allows nothing else is
-always kept; forced *text* is proposed as the tokenizer spells it, kept where the model picks that spelling. It
-comes first and claims the constrained requests (a guess the grammar forbids is never kept); stage 06's proposers
-draft for the others.
+After ``{"name": "Ada"`` a schema whose next key is ``age`` forces ``, "age": ``, and after the last value ``}`` and
+EOS. `ForcedTokens`, one more of stage 06's proposers, asks each constrained request's `GrammarConstraint` for the
+run its grammar forces (``forced_tokens``), fed as drafts and verified by exact match: the tokens of plain masked
+decoding, in fewer steps (forced text is proposed as the tokenizer spells it, kept where the model picks that
+spelling). It comes first and claims the constrained requests; stage 06's proposers draft for the others.
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """A step's masks off the critical path: filled in one call per backend, applied to all constrained rows at once.
 
-Row by row (constraint.py), each request's mask is a Python call, a fill and a row copy per step: a real share of
-the step at 64 requests in flight (vLLM batched its fills for +15%, vllm#51331). `BatchMasks.fill` fills many
-requests' masks into one [requests, words] array (xgrammar's `BatchGrammarMatcher`, llguidance's `LLExecutor`, the
-automaton's masks kept per state); `apply_masks` masks every constrained row with one lookup and one add per run of
-rows. Each mask is the one the per-row path computes (the same matcher state), so tokens do not change.
+Row by row (constraint.py), each request's mask costs a Python call, a fill and a row copy per step: a real share of
+the step at 64 requests (vLLM batched its fills for +15%, vllm#51331). `BatchMasks.fill` fills many masks into one
+array (xgrammar's `BatchGrammarMatcher`, llguidance's `LLExecutor`, the automaton's kept masks); `apply_masks` masks
+every constrained row at once. Each mask is the per-row path's (the same matcher state): the tokens do not change.
 """
 from __future__ import annotations
 
