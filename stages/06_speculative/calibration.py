@@ -40,9 +40,12 @@ def calibrate(llm) -> None:
     batches = [(b, ds) for b in (2 ** i for i in range(most_seqs.bit_length()))  # 1, 2, 4, ... requests
                if (ds := [d for d in (0, k // 2, k) if b * (1 + d) <= budget])]  # no drafts, k // 2, k: if room
     proposer, params = RandomDrafts(llm.config.vocab_size), dict(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    with sched.drafting_with(proposer):
+    saved, sched.proposers, sched.policy = (sched.proposers, sched.policy), [proposer], None  # it alone, all fed
+    try:
         for i, (batch, drafts) in enumerate(batches[-1:] + batches):  # the first pays one-time costs, unmeasured
             measure(llm, batch, drafts if i > 0 else drafts[-1:], proposer, policy if i > 0 else None, i, params)
+    finally:
+        sched.proposers, sched.policy = saved
     for each in sched.proposers:  # what a draft model's pass costs here (draft_model.py)
         each.calibrate()
 
