@@ -1,11 +1,10 @@
 """Stage 06: speculative decoding. Guess several tokens, check them in one pass, keep every token identical.
 
-Decoding one request reads every weight once per token, so a pass over k + 1 tokens of one request costs about
-what a pass over one does. Stage 05's engine with one idea added: before each step a proposer guesses up to k next
-tokens of each decoding request (`SpeculativeScheduler.propose_drafts`), fed after the request's own token; the
-runner keeps the guesses up to the first that differs from what it sampled there, plus that token
-(``ModelRunner.sample_run``: exact-match verification, so the tokens are one-at-a-time decoding's, greedy or seeded);
-the KV slots of the rest go back (`BlockManager.truncate`).
+Decoding one request reads every weight once per token, so a pass over k + 1 tokens of one request costs about what a
+pass over one does. Stage 05's engine with one idea added: before each step a proposer guesses up to k next tokens of
+each decoding request (`SpeculativeScheduler.propose_drafts`), fed after its own token; the runner keeps them up to
+the first that differs from what it sampled, plus that token (``ModelRunner.sample_run``: exact-match verification,
+so the tokens are one-at-a-time decoding's, greedy or seeded); the rest's KV goes back (`BlockManager.truncate`).
 """
 from __future__ import annotations
 

@@ -82,13 +82,11 @@ class SpeculativeScheduler(Scheduler):
             for seq, draft in zip(asked, proposer.propose(asked, [caps[s.seq_id] for s in asked]) if asked else []):
                 drafts[seq.seq_id] = list(draft[:caps[seq.seq_id]])
         ks = self.choose(drafts) if self.policy is not None else {i: len(d) for i, d in drafts.items()}
-        for seq in self.running:
-            if seq.seq_id in drafts:
-                seq.spec_token_ids = drafts[seq.seq_id][:ks[seq.seq_id]]
+        for seq in (s for s in self.running if s.seq_id in drafts):
+            seq.spec_token_ids = drafts[seq.seq_id][:ks[seq.seq_id]]
 
     def choose(self, drafts: dict[int, list[int]], record: bool = True, priced: bool = False) -> dict[int, int]:
-        """seq_id -> how many of its proposed drafts the policy feeds, given the step's own rows and tokens;
-        ``priced``: the drafts are not made yet, so a draft model's passes (its ``pass_cost``) count too."""
+        """seq_id -> how many of its drafts the policy feeds (``priced``: not made yet, their draft passes priced)."""
         base_tokens = sum(s.num_new_tokens == 1 for s in self.running)  # each decoding request's own token
         base_rows = min(sum(s.num_new_tokens for s in self.running), self.max_num_batched_tokens)
         seqs = [s for s in self.running if s.seq_id in drafts]
