@@ -16,8 +16,7 @@ from common.sequence import Sequence
 
 class ModelRunner:
     def __init__(self, model: Llama, logprobs_mode: str = "raw_logprobs"):
-        """logprobs_mode (vLLM's): "raw_logprobs", the model's distribution, or "processed_logprobs", after the
-        request's logits processors (the distribution it was sampled from, before temperature)."""
+        """logprobs_mode (vLLM's): "raw_logprobs", the model's, or "processed_logprobs", after the logits processors."""
         self.model, self.logprobs_mode = model, logprobs_mode
 
     def run(self, seqs: list[Sequence], query_lens: list[int], cache: AttentionBackend) -> list[SeqOutput]:

@@ -14,11 +14,10 @@ from .proposer import Proposer
 
 
 def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
-    """vLLM's rule: the longest suffix of ``tokens`` of ``min_n`` to ``max_n`` tokens that occurs earlier in
-    ``tokens``; of its occurrences the first; and up to ``k`` tokens that followed it there. Nothing when no
-    suffix of ``min_n`` tokens or more recurs. ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``. Run for
-    every request every step, so fast: each earlier place of the last token (``list.index``, a scan in C) is a
-    candidate end, extended backwards while the tokens agree; only a strictly longer one replaces the best."""
+    """vLLM's rule: up to ``k`` tokens that followed the first earlier occurrence of the longest suffix of ``tokens``
+    of ``min_n`` to ``max_n`` tokens (none if none recurs): ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``.
+    Run for every request every step, so fast: each earlier place of the last token (``list.index``, a scan in C) is
+    a candidate end, extended backwards while the tokens agree; only a strictly longer one replaces the best."""
     # lab 06.1 begin: prompt lookup (n-gram) drafts
     end = len(tokens) - 1  # a match must end before the last token
     max_n = min(max_n, end)

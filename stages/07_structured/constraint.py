@@ -1,14 +1,11 @@
 """A request's grammar as a logits processor: the mask for the next position, kept in step with the kept tokens.
 
-`GrammarConstraint` is the one processor stage 07 adds to a request (each sample of n > 1 its own). At each
-position it asks its matcher for the allowed tokens as a bitmask and sets every other logit to -inf on the request's
-own row (never batch-dependent); it follows the kept tokens (``accept``), takes back a rejected draft (``rollback``)
-and says when the structure is complete (``is_terminated``: an EOS accepted where the grammar may end).
-
-Its one driver is the request's `Sequence`, which accepts each kept token and, around a row that assumes drafts
-kept, looks ahead along them and comes back. The forced-token proposer (forced.py) asks for the run the grammar
-forces (``forced_tokens``), looked ahead and come back inside this object. A mask is computed once per position:
-those the forced run passed through are kept for the runner's rows (``masks`` follows the path they were made for).
+`GrammarConstraint`, stage 07's one processor (each sample of n > 1 its own), asks its matcher at each position for
+the allowed tokens as a bitmask and sets every other logit to -inf on the request's own row (never batch-dependent);
+it follows the kept tokens (``accept``), takes back a rejected draft (``rollback``) and says when the structure is
+complete (``is_terminated``: an EOS accepted where the grammar may end). Its one driver is the request's `Sequence`;
+a step's drafts and the forced run (``forced_tokens``, forced.py) are looked ahead along and come back. A mask is
+computed once per position: ``masks`` keeps those along the path they were made for, for the runner's rows.
 """
 from __future__ import annotations
 
