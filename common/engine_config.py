@@ -151,8 +151,7 @@ def structured_backend(config: dict | None, backend: str | None) -> str:
 
 
 def kv_budget(kv_cache_memory, kv_cache_memory_bytes, device: torch.device):
-    """The KV budget as given (a fraction of free memory is measured again when the pool is sized, once the weights
-    are in memory), after checking that it reads."""
+    """The KV budget as given, once it reads (a fraction of free memory is measured again once the weights are in)."""
     if kv_cache_memory_bytes is not None:  # vLLM's name: a plain byte count
         if kv_cache_memory is not None:
             raise InvalidParam("kv_cache_memory_bytes", "give kv_cache_memory_bytes or kv_cache_memory, not both")

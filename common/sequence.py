@@ -108,10 +108,8 @@ class Sequence:
         self.num_cached_tokens = 0  # tokens whose keys and values are in the KV cache
         self.output_text = ""  # detokenized as tokens arrive (with a detokenizer)
         self.detokenizer = detokenizer  # common.tokenizer.IncrementalDetokenizer
-        # The n samples of its request (SamplingParams.n), itself among them: a list its siblings share, each added
-        # as it is made. Its place among them: its seed is the request's + sample_index.
-        self.group: list[Sequence] = group if group is not None else []
-        self.sample_index = len(self.group)
+        self.group: list[Sequence] = group if group is not None else []  # its request's n samples, shared by them
+        self.sample_index = len(self.group)  # its place among them: its seed is the request's + sample_index
         self.group.append(self)
         self.logprobs: list[Logprob] = []  # per output token, with params.logprobs
         self.prompt_logprobs: list = [None]  # with params.prompt_logprobs, per prompt token (the first has none)

@@ -29,8 +29,7 @@ class Draft(NamedTuple):  # score: the sum of its tokens' probabilities; match_l
 
 
 class SuffixTree:
-    """Every stretch of up to ``depth`` consecutive tokens of each text fed, as paths from the root: a node's count
-    is how often the path to it occurs in the texts."""
+    """Every stretch of up to ``depth`` tokens of each text fed, as paths from the root, each node counting its path."""
 
     def __init__(self, depth: int):
         self.depth, self.root = depth, Node()

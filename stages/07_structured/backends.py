@@ -128,8 +128,8 @@ class Grammars:
         return guidance_tokenizer(self.folder, self.vocab_size, self.eos_ids)
 
     def compile(self, so: StructuredOutputsParams, backend: str = "auto", budget_s: float | None = None):
-        """The compiled constraint (cached, bounded in bytes: grammar_cache.py); `InvalidParam` with the reason when
-        it cannot be enforced, or when it is not compiled within ``budget_s`` seconds (schema/compile_budget.py)."""
+        """The compiled constraint (cached: grammar_cache.py); `InvalidParam` saying why when it cannot be enforced,
+        or is not compiled within ``budget_s`` seconds (schema/compile_budget.py)."""
         key = (so.kind, json.dumps(so.schema, sort_keys=True) if so.kind == "json" else repr(getattr(so, so.kind)),
                so.disable_any_whitespace, backend)
         work = functools.partial(self.cache.get, key, lambda: self.build(so, backend))

@@ -5,11 +5,9 @@ nothing: one distinct 275 KB JSON schema compiles to tens of MiB on a 49,152-tok
 distinct schemas would grow the server until the machine swaps. So the cache counts bytes (``max_bytes``, 256 MiB by
 default; ``serve --grammar-cache-mb``) and drops the grammars used longest ago. It is the process's only cache of
 compiled grammars (xgrammar's own is off, backends.py), or every grammar would be held twice, one copy unbounded.
-
-What a grammar costs (`grammar_bytes`) is an estimate: xgrammar's, 1.5 x its ``memory_size_bytes`` (the process
-grew 1.2-1.25 x that per grammar kept, xgrammar 0.2.9); llguidance's, which reports no size, ``GUIDANCE_BASE_BYTES``
-plus ``GUIDANCE_FACTOR`` x its grammar's text; the automaton's, its masks, DFA rows and NFA states, measured again
-whenever the cache is (it grows as requests reach new states). A request keeps its grammar alive while it runs.
+A grammar's cost (`grammar_bytes`) is an estimate: xgrammar's, 1.5 x its ``memory_size_bytes`` (the process grew
+1.2-1.25 x that per grammar kept); llguidance's (it reports no size), a base plus a factor x its grammar's text; the
+automaton's, its masks, DFA rows and NFA states, measured again as it grows. A running request keeps its grammar.
 """
 from __future__ import annotations
 
