@@ -103,8 +103,7 @@ def best_drafts(alphas: list[float], lengths: list[int], base_tokens: float, bas
 class AdaptiveDrafts:
     """The policy: each request's acceptance, the step cost, and per step the drafts worth feeding."""
 
-    def __init__(self, cost: StepCost | None = None, prior: float = 0.5, prior_weight: float = 2.0,
-                 decay: float = 0.9):
+    def __init__(self, cost: StepCost | None = None, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.9):
         self.cost = cost or StepCost()
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self.own: dict[int, list[float]] = {}  # seq_id -> decayed [drafts kept, drafts tried]

@@ -50,10 +50,9 @@ class NgramProposer(Proposer):
 
 
 class PredictionProposer(Proposer):
-    """Drafts from a request's predicted output: after the tokens that followed the prediction, its next ones.
-    Where the output departs from it (an edit), the draft stops, and resumes where the output's last tokens (up to
-    ``max_n``) occur in it again: first from where it left off, else anywhere. Its tokens (tokenized with the request,
-    off the engine's thread) are searched as a numpy array: a 1 MB prediction in a millisecond."""
+    """Drafts a request's predicted output on from where the output stands in it. Past an edit it resumes where the
+    output's last tokens (up to ``max_n``) occur in it again, first from where it left off, else anywhere; searched
+    as a numpy array (tokenized with the request, off the engine's thread): a 1 MB prediction in a millisecond."""
 
     def __init__(self, tokenizer, k: int, disable_by_batch_size: int | None = None, max_n: int = 8):
         super().__init__(k, disable_by_batch_size)

@@ -1,6 +1,5 @@
-"""What speculation did, read from every step's event alone: the figures the stage prints. Acceptance per
-position (a draft is kept up to its first miss, so the rate falls with i), tokens per decoding step for each request
-(1.0 without speculation), and the proposer's share of the step time (guessing must stay cheap next to checking).
+"""What speculation did, from every step's event alone: acceptance per position (a draft is kept up to its first
+miss, so it falls), tokens per decoding step per request (1.0 without), the proposer's share of the step time.
 """
 from __future__ import annotations
 
