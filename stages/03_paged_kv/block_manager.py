@@ -149,7 +149,6 @@ class BlockManager:
     # ---- release ----------------------------------------------------------------------
     def free_sequence(self, seq: Sequence) -> None:
         """Return a finished or preempted sequence's blocks; cached ones stay revivable until handed out again.
-
         Tail first: the free list hands out (and so evicts) its least recently freed block first, and a cached block
         is useful only if every block before it is still cached too. Freed head first, the next allocation would
         evict the head and leave the rest of its chain cached but unreachable."""
@@ -165,7 +164,6 @@ class BlockManager:
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Keep ``seq``'s first ``num_tokens`` slots and give back the rest: a rejected draft's slots (stage 06).
-
         Whole blocks past them return to the pool, tail first. The last block kept is partial when ``num_tokens``
         ends inside it, and its later slots will be written again: a block the prefix cache knows is forgotten there
         first, unless another sequence holds it too (then the next write copies it, and the cached one stays)."""

@@ -36,9 +36,8 @@ def calibrate(llm) -> None:
     max_tokens = 2 + 4 * (k + 1)  # room for every measured step's drafts (a run of random ones keeps 1 a step)
     per_seq = -(-(PROMPT_TOKENS + max_tokens) // bm.block_size)  # blocks a request holds at most
     most_seqs = min(sched.max_num_seqs, 64, max(1, (bm.num_free_blocks - 1) // per_seq))
-    budget = sched.max_num_batched_tokens
     batches = [(b, ds) for b in (2 ** i for i in range(most_seqs.bit_length()))  # 1, 2, 4, ... requests
-               if (ds := [d for d in (0, k // 2, k) if b * (1 + d) <= budget])]  # no drafts, k // 2, k: if room
+               if (ds := [d for d in (0, k // 2, k) if b * (1 + d) <= sched.max_num_batched_tokens])]  # drafts, if room
     proposer, params = RandomDrafts(llm.config.vocab_size), dict(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     saved, sched.proposers, sched.policy = (sched.proposers, sched.policy), [proposer], None  # it alone, all fed
     try:

@@ -38,8 +38,7 @@ def paged_cache(model: KernelLlama, blocks: BlockManager, fused_attention: bool 
 
 def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: KernelLlama,
                           blocks: BlockManager) -> list[Proposer]:
-    """What ``speculative_config`` drafts with, in priority order: a request's predicted output, then the method's
-    proposer (n-gram, suffix, or a draft model with a KV pool of its own, as many blocks). None when it is off."""
+    """What ``speculative_config`` drafts with, in order: a request's predicted output, then the method's proposer."""
     spec = config.speculative
     if spec is None:
         return []
