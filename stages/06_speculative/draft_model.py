@@ -44,8 +44,7 @@ class DraftModelProposer(Proposer):
             self.drop(seq_id)
         feeds, complete = self.catch_up(seqs)
         want = {s.seq_id: k for s, k in zip(seqs, ks)}
-        drafts: dict[int, list[int]] = {i: [] for i in complete}
-        active = list(feeds)
+        drafts, active = {i: [] for i in complete}, list(feeds)  # seq_id -> its draft tokens; those fed this pass
         while active:  # pass 1 catches up (and gives each first draft token), the next ones draft one token each
             tokens = self.forward([self.states[i][1] for i in active], [feeds[i] for i in active])
             for i, token in zip(active, tokens):

@@ -89,8 +89,8 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
         raise ValueError("llguidance reads Lark grammars; structured_outputs.grammar is xgrammar's EBNF")
     matcher, error = build_matcher(tokenizer, grammar)
     if error and cleaned is not None and loosens(error):
-        # a property and a pattern it matches, intersected through a recursive definition; a count of properties
-        # beside optional ones: the loose cleaning leaves these to the check of the finished output
+        # a pattern-matched property through a recursive definition, a property count beside optional ones: the
+        # loose cleaning leaves these to the check of the finished output
         cleaned = prepare(so.schema, "guidance", loose=True)
         schema = cleaned.schema
         grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)

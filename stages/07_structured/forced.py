@@ -21,10 +21,9 @@ def constraint_of(seq: Sequence) -> GrammarConstraint | None:
 
 
 class ForcedTokens(Proposer):
-    """At most ``k`` tokens a step (``num_forced_tokens``; 0: none) for a constrained request: those its grammar forces,
-    then forced text as ``encode`` (the tokenizer) spells it. A request's look-ahead starts only while less than
-    ``budget_us`` is spent this step (None: no bound), the next step going on from there: the same tokens with any
-    budget. ``masks`` (masks.py): every request's mask at its position filled first, in one call per backend."""
+    """At most ``k`` tokens a step (0: none) for a constrained request: those its grammar forces, then forced text as
+    ``encode`` spells it. A look-ahead starts only while under ``budget_us`` this step (None: no bound), the next step
+    going on from there (the same tokens). ``masks`` (masks.py): every mask filled first, in one call per backend."""
 
     def __init__(self, k: int, encode=None, budget_us: float | None = None, masks=None, clock=time.perf_counter):
         super().__init__(k)
