@@ -51,9 +51,8 @@ class XGrammarMatcher:
 
 
 def xgrammar_compiler(vocab: tuple, vocab_size: int, eos_ids: list[int]):
-    """xgrammar's compiler over this vocabulary: special tokens as empty strings, which xgrammar never allows inside
-    a structure (given as text, ``<|im_start|>`` would be allowed inside a JSON string). Its own cache is off: the
-    engine keeps compiled grammars itself (backends.py), one cache with one bound."""
+    """xgrammar's compiler over this vocabulary: special tokens as empty strings, never allowed inside a structure (as
+    text, ``<|im_start|>`` would be, in a JSON string). Its own cache is off: grammar_cache.py is the one, bounded."""
     import xgrammar as xgr
     info = xgr.TokenizerInfo([b if b is not None else b"" for b in vocab], vocab_type=xgr.VocabType.RAW,
                              vocab_size=vocab_size, stop_token_ids=eos_ids)
@@ -61,8 +60,7 @@ def xgrammar_compiler(vocab: tuple, vocab_size: int, eos_ids: list[int]):
 
 
 def compile_xgrammar(compiler, so, vocab_size: int) -> XGrammarGrammar:
-    """The constraint compiled; `Refused` for a schema keyword xgrammar would skip, RuntimeError/ValueError for what
-    it cannot compile."""
+    """The constraint compiled; `Refused` for a keyword xgrammar would skip, RuntimeError/ValueError if it fails."""
     any_whitespace, checked = not so.disable_any_whitespace, ()
     if so.kind == "json":
         cleaned = prepare(so.schema, "xgrammar", compiler)
