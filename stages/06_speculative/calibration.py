@@ -22,6 +22,9 @@ class RandomDrafts(Proposer):
         super().__init__(0)
         self.vocab_size, self.rng = vocab_size, random.Random(seed)
 
+    def draft(self, k: int) -> None:  # each request gets ``k`` drafts from the next step on
+        self.k = k
+
     def propose(self, seqs, ks):
         return [[self.rng.randrange(3, self.vocab_size) for _ in range(k)] for k in ks]
 
@@ -39,12 +42,9 @@ def calibrate(llm) -> None:
     batches = [(b, ds) for b in (2 ** i for i in range(most_seqs.bit_length()))  # 1, 2, 4, ... requests
                if (ds := [d for d in (0, k // 2, k) if b * (1 + d) <= sched.max_num_batched_tokens])]  # drafts, if room
     proposer, params = RandomDrafts(llm.config.vocab_size), dict(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    saved, sched.proposers, sched.policy = (sched.proposers, sched.policy), [proposer], None  # it alone, all fed
-    try:
+    with sched.drafting_with(proposer):
         for i, (batch, drafts) in enumerate(batches[-1:] + batches):  # the first pays one-time costs, unmeasured
             measure(llm, batch, drafts if i > 0 else drafts[-1:], proposer, policy if i > 0 else None, i, params)
-    finally:
-        sched.proposers, sched.policy = saved
     for each in sched.proposers:  # what a draft model's pass costs here (draft_model.py)
         each.calibrate()
 
@@ -57,11 +57,11 @@ def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, 
         for _ in range(batch):
             for seq in llm.make_samples([rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)], params):
                 engine.add(seq)
-        proposer.k = 0  # each request's drafts from the next step on
+        proposer.draft(0)
         while sched.waiting or any(s.num_new_tokens != 1 for s in sched.running):
             engine.step()  # the prompts, in as many steps as the budget takes
         for d in drafts:
-            proposer.k = d
+            proposer.draft(d)
             start = time.perf_counter()
             result = engine.step()
             seconds = time.perf_counter() - start

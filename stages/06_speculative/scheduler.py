@@ -10,6 +10,7 @@ the drafts worth their rows, learning from every step. Then stage 03's plan runs
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 from common.engine import ScheduledBatch
 from common.engine_config import SchedulerConfig
@@ -48,6 +49,15 @@ class SpeculativeScheduler(Scheduler):
         if self.policy is not None:
             self.policy.score()
             self.policy.forget(s.seq_id for s in batch.seqs if s.is_finished)
+
+    @contextmanager
+    def drafting_with(self, proposer: Proposer):
+        """Steps drafting with ``proposer`` alone, every draft fed (calibration.py's start-up steps)."""
+        saved, self.proposers, self.policy = (self.proposers, self.policy), [proposer], None
+        try:
+            yield
+        finally:
+            self.proposers, self.policy = saved
 
     def proposer_for(self, seq: Sequence) -> tuple[Proposer | None, int]:
         """Who guesses for ``seq`` this step, and the most drafts it may give (before the step's caps)."""
