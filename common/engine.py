@@ -1,8 +1,7 @@
 """Every stage's engine: its parts, one step that reads schedule -> run -> postprocess, and what a step did.
 
-A stage's ``engine.py`` builds an `LLMEngine` from parts (``build(config)``): a scheduler, a KV cache, a `ModelRunner`
-over a model. The step loop is written once, here; the `LLM` front end (common/llm.py) talks to the engine through
-the `Engine` protocol alone, so every stage plugs into the same ``generate`` and the same observers.
+A stage's ``engine.py`` builds an `LLMEngine` from parts (a scheduler, a KV cache, a `ModelRunner` over a model); the
+step loop is written once, here. The `LLM` front end (common/llm.py) talks to it through the `Engine` protocol alone.
 """
 from __future__ import annotations
 

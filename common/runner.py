@@ -1,8 +1,7 @@
 """ModelRunner: run one flattened step (any mix of prefills, decodes and draft verifications) and sample.
 
-The caller first tells its KV cache what the step holds (``cache.prepare``); the runner builds the flattened token
-ids and positions, runs the model, and samples for every sequence whose tokens are then all in the cache: one row
-for a decode, one more per fed draft. It changes no sequence: it returns a `SeqOutput` each, which ``advance`` applies.
+Once the KV cache knows what the step holds (``cache.prepare``), the runner runs the model and samples each sequence
+whose tokens are then all cached (a row, one more per fed draft); it changes none: ``advance`` applies its `SeqOutput`.
 """
 from __future__ import annotations
 

@@ -19,10 +19,9 @@ CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")  # Structure
 class StructuredOutputsParams:
     """vLLM's structured outputs: the output must match one constraint, applied as a mask on the logits (stage 07).
 
-    ``json``: a JSON schema (a dict or its text); ``regex``: a regular expression the whole output matches;
-    ``choice``: one of these strings; ``grammar``: an EBNF grammar (xgrammar's GBNF dialect); ``json_object``:
-    any JSON object. ``disable_any_whitespace``: JSON as ``{"a": 1, "b": [2, 3]}`` only, with no free whitespace
-    (vLLM's option; free whitespace is the default, as in vLLM)."""
+    ``json``: a JSON schema (a dict or its text); ``regex``: a regular expression the whole output matches; ``choice``:
+    one of these strings; ``grammar``: an EBNF grammar (xgrammar's GBNF dialect); ``json_object``: any JSON object.
+    ``disable_any_whitespace``: JSON as ``{"a": 1, "b": [2, 3]}`` only (vLLM's option; free whitespace by default)."""
     json: dict | str | None = None
     regex: str | None = None
     choice: list[str] | None = None

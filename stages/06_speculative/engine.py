@@ -78,8 +78,7 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
 
 
 class LLM(HeldFrontEnd):
-    """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, with what speculation
-    did counted (``spec_stats``) and the adaptive policy calibrated (calibration.py) before the first request."""
+    """Stage 05's front end (``self.front``) over this engine, counting ``spec_stats``, calibrated at start."""
     build = staticmethod(build)
     command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})  # stages/cli.py's make_llm
 
