@@ -31,8 +31,7 @@ class RandomDrafts(Proposer):
 
 def calibrate(llm) -> None:
     """Seed the policy of ``llm``'s scheduler (stage 06's) with the start-up steps; nothing when the policy is off."""
-    engine = llm.engine
-    sched, bm, policy = engine.scheduler, engine.scheduler.block_manager, engine.scheduler.policy
+    sched, bm, policy = llm.engine.scheduler, llm.engine.scheduler.block_manager, llm.engine.scheduler.policy
     if policy is None:
         return
     k = llm.engine_config.speculative.num_speculative_tokens

@@ -30,8 +30,7 @@ class StepCost:
         c = self.size_class(base_rows)
         points = self.points.setdefault(c, deque(maxlen=self.window))
         points.append((rows, seconds))
-        line = fit(points)
-        if line is not None:
+        if (line := fit(points)) is not None:
             self.lines[c] = line
 
     def line(self, base_rows: int) -> tuple[float, float] | None:

@@ -20,7 +20,6 @@ from .fsm import pack
 
 KEEP_BEHIND = 64  # masks kept for positions already passed: a rollback never goes further back than a step's drafts
 
-
 # Each of a byte's 256 values as 8 additive biases, bit i -> entry i: 0.0 where the token is allowed, -inf where not.
 BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1, 0.0, -np.inf).astype(np.float32)
 
