@@ -48,9 +48,8 @@ class NFA:
         self.live = self.reaching_accept()
 
     def reaching_accept(self) -> frozenset[int]:
-        """The states from which some byte sequence reaches the accepting state. The others are dead ends (a part
-        after an empty class, ``a[^\\s\\S]``): the DFA drops them, so a token that leads only into one is never
-        allowed, and a pattern no string matches has no token at its start (the server refuses it up front)."""
+        """The states from which some byte sequence reaches the accepting state; the DFA drops the others (dead ends,
+        ``a[^\\s\\S]``): a token leading only into one is never allowed, a pattern nothing matches is refused."""
         into: list[list[int]] = [[] for _ in self.eps]
         for s, (edges, eps) in enumerate(zip(self.edges, self.eps)):
             for t in [t for _, _, t in edges] + eps:
