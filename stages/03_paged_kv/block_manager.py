@@ -184,9 +184,9 @@ class BlockManager:
             self.free[block_id] = None
 
     def audit(self, running: list[Sequence]) -> None:
-        """Check the accounting after a step (`AuditError` says what is wrong): reference counts equal the tables holding
-        each block, the free list is the unreferenced blocks, each running sequence holds blocks for its computed
-        tokens, and a block past them holds no cached prefix unless shared (its slots are still to be written)."""
+        """Check the accounting after a step (`AuditError` says what is wrong): reference counts equal the block
+        tables holding each block, the free list is the unreferenced blocks, each running sequence holds blocks for
+        its computed tokens, and a block past them holds no cached prefix unless shared (its slots await a write)."""
         held = Counter(b for table in self.tables.values() for b in table)
         for seq_id, table in self.tables.items():
             if len(set(table)) != len(table):
