@@ -29,8 +29,7 @@ def byte_decoder() -> dict[str, int]:
 
 @functools.cache
 def token_bytes(folder: str, vocab_size: int) -> tuple[bytes | None, ...]:
-    """Per token id below ``vocab_size`` (the model's, which may pad the tokenizer's): its bytes, or None for a special
-    token and an id the tokenizer does not have."""
+    """Each token id below ``vocab_size`` (the model's, maybe padded): its bytes, or None (special, or not there)."""
     data = json.loads((Path(folder) / "tokenizer.json").read_text(encoding="utf-8"))
     decoder = (data.get("decoder") or {}).get("type")
     if decoder != "ByteLevel":
