@@ -1,9 +1,7 @@
 """Every stage's engine: its parts, one step that reads schedule -> run -> postprocess, and what a step did.
 
-A stage's ``engine.py`` builds an `LLMEngine` from parts (``build(config)``): a scheduler, a KV cache, a
-`ModelRunner` over a model, and whatever the scheduler is given (a block manager, proposers). The step loop is
-written once, here. The `LLM` front end (common/llm.py) talks to the engine through the `Engine` protocol alone,
-so every stage plugs into the same ``generate`` and the same observers.
+A stage's ``engine.py`` builds an `LLMEngine` from parts (a scheduler, a KV cache, a `ModelRunner` over a model); the
+step loop is written once, here. The `LLM` front end (common/llm.py) talks to it through the `Engine` protocol alone.
 """
 from __future__ import annotations
 
@@ -27,8 +25,8 @@ class SeqOutput:
 
 @dataclass
 class ScheduledBatch:
-    """What the scheduler chose for one step (vLLM's SchedulerOutput): the sequences, what each feeds, where their
-    keys and values go, and what the choice did to the queue."""
+    """What the scheduler chose for one step (vLLM's SchedulerOutput): the sequences, what each feeds, where their KV
+    goes, and what the choice did to the queue."""
     seqs: list[Sequence]  # in the step's order
     lens: list[int]  # tokens each feeds (draft tokens included)
     starts: list[int]  # position of the first token each feeds
@@ -84,11 +82,8 @@ class Engine(Protocol):
         """Raise `InvalidParam` for a request this engine can never run."""
 
     def add(self, seq: Sequence) -> None: ...
-
     def has_work(self) -> bool: ...
-
     def step(self) -> StepResult: ...
-
     def state(self) -> EngineState: ...
 
     def release(self) -> None:
@@ -136,12 +131,10 @@ class LLMEngine:
 
 
 def advance(seq: Sequence, fed: int, out: SeqOutput) -> int:
-    """After a step: apply one sequence's output, token by token, as one-at-a-time decoding would.
-
-    Each token is recorded and the stop rules checked at once, so a stop string, EOS, ``max_tokens`` or a finished
-    structure ends the request at the exact token where it would have, and the rest of the run is dropped. The KV
-    cache now holds the tokens fed, less the draft tokens not kept (their slots are the caller's to give back).
-    Returns how many tokens were kept (also recorded in ``out``)."""
+    """After a step: apply one sequence's output token by token, as one-at-a-time decoding would (each stop rule
+    checked at once, so a stop ends the request at its exact token and the rest of the run is dropped). The KV cache
+    then holds the tokens fed, less the drafts not kept (their slots are the caller's to give back). Returns how
+    many tokens were kept (also recorded in ``out``)."""
     seq.prompt_logprobs.extend(out.prompt_logprobs)
     kept = 0
     for i, token in enumerate(out.tokens):

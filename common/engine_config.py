@@ -7,8 +7,7 @@ before the model loads, then handed to the parts, each of which reads its sectio
     speculative         SpeculativeConfig|None   speculative_config: what stage 06 drafts with (None: nothing)
     structured_outputs  StructuredOutputsConfig  the grammar backend and the forced tokens of stage 07
 
-The option names are vLLM's. Every stage takes every option; a stage reads the sections of the parts it is
-built from (stage 01 has no block to size, stage 05 no proposer to choose).
+The option names are vLLM's. Every stage takes every option, and reads the sections of the parts it is built from.
 """
 from __future__ import annotations
 
@@ -107,20 +106,15 @@ class EngineConfig:
         check_int("max_waiting", max_waiting, 1)
         check_int("num_forced_tokens", num_forced_tokens, 0, 256)
         backend = structured_backend(structured_outputs_config, structured_outputs_backend)
-        if isinstance(grammar_cache_mb, bool) or not isinstance(grammar_cache_mb, (int, float)) or \
-                not 0 < grammar_cache_mb <= 2**20:
-            raise InvalidParam("grammar_cache_mb", f"grammar_cache_mb={clip(grammar_cache_mb)} is invalid: give the "
-                                                   "MiB of compiled grammars to keep, > 0")
-        if isinstance(grammar_compile_budget_s, bool) or not isinstance(grammar_compile_budget_s, (int, float)) or \
-                not 0 < grammar_compile_budget_s <= 3600:
-            raise InvalidParam("grammar_compile_budget_s",
-                               f"grammar_compile_budget_s={clip(grammar_compile_budget_s)} is invalid: give the "
-                               "seconds a grammar may take to compile, > 0 and <= 3600")
-        if forced_budget_us is not None and (isinstance(forced_budget_us, bool) or
-                                             not isinstance(forced_budget_us, (int, float)) or
-                                             not 0 <= forced_budget_us <= 1e9):
-            raise InvalidParam("forced_budget_us", f"forced_budget_us={clip(forced_budget_us)} is invalid: give the "
-                                                   "µs of forced-token look-ahead a step, >= 0 (None: no bound)")
+        for name, value, ok, fix in (  # each a number (not a bool) in its range, or an error saying what to give
+                ("grammar_cache_mb", grammar_cache_mb, lambda v: 0 < v <= 2**20,
+                 "the MiB of compiled grammars to keep, > 0"),
+                ("grammar_compile_budget_s", grammar_compile_budget_s, lambda v: 0 < v <= 3600,
+                 "the seconds a grammar may take to compile, > 0 and <= 3600"),
+                ("forced_budget_us", 0 if forced_budget_us is None else forced_budget_us, lambda v: 0 <= v <= 1e9,
+                 "the µs of forced-token look-ahead a step, >= 0 (None: no bound)")):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise InvalidParam(name, f"{name}={clip(value)} is invalid: give {fix}")
         speculative = SpeculativeConfig.parse(speculative_config)
         if speculative is not None:
             speculative.check_budget(max_num_batched_tokens)
@@ -136,11 +130,9 @@ class EngineConfig:
         return cls(ModelOptions(str(folder), parse_dtype(dtype), device, context, quantization, seed, batch_invariant),
                    SchedulerConfig(max_num_seqs, max_num_batched_tokens, context, enable_chunked_prefill,
                                    enable_preemption, max_waiting),
-                   cache, speculative, StructuredOutputsConfig(backend, num_forced_tokens,
-                                                            int(grammar_cache_mb * 2**20),
-                                                            float(grammar_compile_budget_s),
-                                                            None if forced_budget_us is None else
-                                                            float(forced_budget_us)))
+                   cache, speculative, StructuredOutputsConfig(
+                       backend, num_forced_tokens, int(grammar_cache_mb * 2**20), float(grammar_compile_budget_s),
+                       None if forced_budget_us is None else float(forced_budget_us)))
 
 
 BACKENDS = ("auto", "xgrammar", "guidance", "fsm")  # vLLM's names (its "guidance" is llguidance)
@@ -159,8 +151,7 @@ def structured_backend(config: dict | None, backend: str | None) -> str:
 
 
 def kv_budget(kv_cache_memory, kv_cache_memory_bytes, device: torch.device):
-    """The KV budget as given (a fraction of free memory is measured again when the pool is sized, once the weights
-    are in memory), after checking that it reads."""
+    """The KV budget as given, once it reads (a fraction of free memory is measured again once the weights are in)."""
     if kv_cache_memory_bytes is not None:  # vLLM's name: a plain byte count
         if kv_cache_memory is not None:
             raise InvalidParam("kv_cache_memory_bytes", "give kv_cache_memory_bytes or kv_cache_memory, not both")

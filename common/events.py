@@ -1,9 +1,7 @@
 """The step event: what one engine step did, as every observer sees it.
 
-After each step the front end builds one `StepEvent` from the engine's `StepResult` and its state
-(`Engine.state()`), and hands it to each of its observers in turn: the statistics, the progress bar, a
-server's gauges and metrics, a block audit, a recording. An observer is any object with
-``on_step(event)``; none of them reaches into the engine.
+After each step the front end builds one `StepEvent` from the engine's `StepResult` and state for each observer (the
+statistics, a progress bar, a server's metrics, a block audit): any ``on_step(event)``, none reaching into the engine.
 """
 from __future__ import annotations
 

@@ -1,14 +1,12 @@
 """Logits processors: one request's rules on its logits row, an ordered list built per request.
 
-Each rule is an object with ``apply(logits, output_ids)``, which changes the request's own float32 row in
-place, seeing the output as it stands at the position being sampled. A rule may keep state that follows the
-tokens the request keeps (a grammar's position, say): ``accept(token)`` after each kept token, ``rollback(n)``
-when the last n accepted tokens are taken back (a rejected draft), and ``is_terminated()`` when the rule says
-the output is complete, which ends the request like EOS. A sample of ``n`` > 1 gets a chain of its own.
-
-The built-in rules are vLLM's, in vLLM's order: logit_bias, allowed_token_ids, min_tokens, bad_words,
-repetition_penalty, then frequency_penalty and presence_penalty. Each is elementwise on the one row, from the
-request's own tokens, so its result never depends on the batch.
+Each rule is an object with ``apply(logits, output_ids)``, which changes the request's own float32 row in place,
+seeing the output as it stands at the position being sampled. A rule may keep state that follows the tokens the
+request keeps (a grammar's position): ``accept(token)`` after each kept token, ``rollback(n)`` when the last n are
+taken back (a rejected draft), and ``is_terminated()`` when the output is complete, which ends the request like EOS.
+A sample of ``n`` > 1 gets a chain of its own. The built-in rules are vLLM's, in vLLM's order: logit_bias,
+allowed_token_ids, min_tokens, bad_words, repetition_penalty, then frequency_penalty and presence_penalty, each
+elementwise on the one row from the request's own tokens, so its result never depends on the batch.
 """
 from __future__ import annotations
 

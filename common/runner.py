@@ -1,9 +1,7 @@
 """ModelRunner: run one flattened step (any mix of prefills, decodes and draft verifications) and sample.
 
-The caller first tells its KV cache what the step holds (``cache.prepare``); the runner builds the
-flattened token ids and positions, runs the model, and samples for every sequence whose tokens are then
-all in the cache: one row for a plain decode, one row per fed draft token plus one for speculative
-decoding. It changes no sequence: it returns a `SeqOutput` per sequence, which ``advance`` applies.
+Once the KV cache knows what the step holds (``cache.prepare``), the runner runs the model and samples each sequence
+whose tokens are then all cached (a row, one more per fed draft); it changes none: ``advance`` applies its `SeqOutput`.
 """
 from __future__ import annotations
 
@@ -17,14 +15,12 @@ from common.sequence import Sequence
 
 class ModelRunner:
     def __init__(self, model: Llama, logprobs_mode: str = "raw_logprobs"):
-        """logprobs_mode (vLLM's): "raw_logprobs", the model's distribution, or "processed_logprobs", after the
-        request's logits processors (the distribution it was sampled from, before temperature)."""
+        """logprobs_mode (vLLM's): "raw_logprobs", the model's, or "processed_logprobs", after the logits processors."""
         self.model, self.logprobs_mode = model, logprobs_mode
 
     def run(self, seqs: list[Sequence], query_lens: list[int], cache: AttentionBackend) -> list[SeqOutput]:
-        """Feed each sequence its next ``query_lens[i]`` tokens (its own, then any draft tokens); sample for those
-        whose fed tokens reach their end. A sequence fed only a chunk of its prompt (chunked prefill, stage 03)
-        gets no token: its next chunk comes in a later step."""
+        """Feed each sequence its next ``query_lens[i]`` tokens (its own, then any drafts); sample for those whose fed
+        tokens reach their end (a chunk of a prompt, stage 03's chunked prefill, gets no token)."""
         ids, positions, first_rows, sampled = [], [], [], []  # sampled: (sequence index, its first sampled row)
         outputs = [SeqOutput() for _ in seqs]
         for i, (seq, n) in enumerate(zip(seqs, query_lens)):
@@ -57,17 +53,16 @@ class ModelRunner:
 
     def process_rows(self, seqs: list[Sequence], sampled: list[tuple[int, int]], outputs: list[SeqOutput],
                      logits: torch.Tensor) -> set[int]:
-        """A later stage's hook (stage 07's masks.py): process the rows of some sequences in ``logits`` in place, all
-        at once, and return their indices; their processors are then not applied row by row. None here."""
+        """A later stage's hook (stage 07's masks.py): process some sequences' rows of ``logits`` in place, at once;
+        returns their indices (their processors are then not applied row by row)."""
         return set()
 
     def sample_run(self, seq: Sequence, logits: torch.Tensor, argmax: list[int] | None, out: SeqOutput,
                    done: bool = False) -> None:
-        """Sample ``seq``'s rows in position order; row i assumes the first i draft tokens were kept, so its
-        processors see that history (a rule with state, a grammar, looks ahead along it and comes back) and its
-        draw is the sequence's next. The run stops after the first token that differs from the draft fed after it
-        (or after the last row): the rows beyond assumed a token that was not chosen (exact-match verification: the
-        kept tokens are those one-at-a-time decoding gives). ``done``: its rows were processed by ``process_rows``."""
+        """Sample ``seq``'s rows in position order; row i assumes the first i drafts kept, so its processors see that
+        history (a grammar looks ahead along it and comes back). The run stops after the first token that differs
+        from the draft fed after it: the rows beyond assumed a token not chosen (exact-match verification: the kept
+        tokens are one-at-a-time decoding's). ``done``: its rows were processed by ``process_rows``."""
         drafts, p = seq.spec_token_ids[:out.drafted], seq.params
         for i, row in enumerate(logits):
             processed = row if done else seq.processed(row, out.tokens)
@@ -80,9 +75,8 @@ class ModelRunner:
                 break
 
     def score_prompt(self, seq: Sequence, n: int, hidden: torch.Tensor, first_row: int) -> list:
-        """vLLM's prompt_logprobs: each prompt token's log-probability given the tokens before it, from the rows
-        this step fed (a chunk of the prompt, or all of it); the scheduler shares no cached block with such a
-        request, so every row is computed. Scored once per token, even when a preempted request recomputes."""
+        """vLLM's prompt_logprobs: each prompt token's log-probability given those before it, from the rows this step
+        fed (such a request shares no cached block, so every row is computed); once per token, even when recomputed."""
         start, end = max(seq.num_cached_tokens, len(seq.prompt_logprobs) - 1), min(seq.num_cached_tokens + n,
                                                                                    seq.num_prompt_tokens - 1)
         if start >= end:

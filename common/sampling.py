@@ -19,10 +19,9 @@ CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")  # Structure
 class StructuredOutputsParams:
     """vLLM's structured outputs: the output must match one constraint, applied as a mask on the logits (stage 07).
 
-    ``json``: a JSON schema (a dict or its text); ``regex``: a regular expression the whole output matches;
-    ``choice``: one of these strings; ``grammar``: an EBNF grammar (xgrammar's GBNF dialect); ``json_object``:
-    any JSON object. ``disable_any_whitespace``: JSON as ``{"a": 1, "b": [2, 3]}`` only, with no free whitespace
-    (vLLM's option; free whitespace is the default, as in vLLM)."""
+    ``json``: a JSON schema (a dict or its text); ``regex``: a regular expression the whole output matches; ``choice``:
+    one of these strings; ``grammar``: an EBNF grammar (xgrammar's GBNF dialect); ``json_object``: any JSON object.
+    ``disable_any_whitespace``: JSON as ``{"a": 1, "b": [2, 3]}`` only (vLLM's option; free whitespace by default)."""
     json: dict | str | None = None
     regex: str | None = None
     choice: list[str] | None = None
@@ -98,16 +97,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)  # stop strings: the output ends before the first one
-    # n samples of the prompt. vLLM's seed rule (its v1 engine fans a request out into n children): with a seed,
-    # sample i draws from its own generator seeded seed + i; without one, each sample seeds its own at random.
-    # So sample i of a seeded request is exactly the request (n=1, seed=seed + i): `for_sample(i)`.
+    # n samples of the prompt, vLLM's seed rule: with a seed, sample i draws from its own generator seeded seed + i
+    # (exactly the request with n=1, seed=seed + i: `for_sample(i)`); without one, each sample seeds its own.
     n: int = 1
-    # vLLM's penalties and constraints, the request's logits processors in this order (common/processors.py):
-    # logit_bias, allowed_token_ids, min_tokens (EOS and stop_token_ids masked until min_tokens are out),
-    # bad_words (a word's last token banned where the output ends with its other tokens),
-    # repetition_penalty (tokens of the prompt and output: positive logits divided, negative multiplied),
-    # frequency_penalty (minus penalty x count in the output) and presence_penalty (minus penalty if present);
-    # then temperature, min_p (tokens below min_p x the top probability dropped), top-k, top-p.
+    # vLLM's penalties and constraints: the request's logits processors (each described in common/processors.py), in
+    # vLLM's order; then temperature, min_p (tokens below min_p x the top probability dropped), top-k, top-p.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -116,9 +110,8 @@ class SamplingParams:
     min_tokens: int = 0
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    # vLLM's logprobs: with each sampled token, its log-probability and the `logprobs` most likely tokens'. Like
-    # vLLM's default, the model's own distribution (log_softmax of the raw float32 logits, before penalties and
-    # temperature), so a sampled token's figure does not move with the sampling settings.
+    # vLLM's logprobs: with each sampled token, its log-probability and the `logprobs` most likely tokens', of the
+    # model's own distribution (raw float32 logits, as vLLM's default), so they do not move with the sampling settings.
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # the same for every prompt token (none shared from the prefix cache)
     # OpenAI's predicted outputs: text the output is expected to repeat (a file before a small edit). Stage 06

@@ -83,12 +83,9 @@ class RequestOutput:
 
 
 class Sequence:
-    """A request as the engine sees it: its prompt, the tokens sampled so far, and how many are cached.
-
-    Complete when made: the front end (common/requests.py) gives it its logits processors, its length limit, its
-    detokenizer and its place among its siblings. Then two drivers change it, each its own fields: the scheduler
-    (``status``, ``num_cached_tokens``, the draft tokens ``spec_token_ids``) and ``advance`` after each step (the
-    tokens kept, their text, the finish)."""
+    """A request as the engine sees it: its prompt, the tokens sampled so far, and how many are cached. Complete
+    when made (common/requests.py); then two drivers change it, each its own fields: the scheduler (``status``,
+    ``num_cached_tokens``, ``spec_token_ids``) and ``advance`` after each step (tokens kept, their text, the end)."""
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, eos_token_id: int | tuple[int, ...],
                  device: torch.device, prompt: str | None = None, processors: list | None = None,
@@ -99,9 +96,8 @@ class Sequence:
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.params = params
-        # One id or several (Llama 3 ends a turn with <|eot_id|> or <|end_of_text|>): any of them ends the request.
         self.eos_token_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
-        self.eos_token_id = eos_token_id if isinstance(eos_token_id, int) else tuple(eos_token_id)[0]
+        self.eos_token_id = eos_token_id if isinstance(eos_token_id, int) else tuple(eos_token_id)[0]  # Llama 3 has two
         self.generator = make_generator(params, device)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
@@ -112,26 +108,20 @@ class Sequence:
         self.num_cached_tokens = 0  # tokens whose keys and values are in the KV cache
         self.output_text = ""  # detokenized as tokens arrive (with a detokenizer)
         self.detokenizer = detokenizer  # common.tokenizer.IncrementalDetokenizer
-        # The n samples of its request (SamplingParams.n), itself among them: a list its siblings share, each added
-        # as it is made. Its place among them: its seed is the request's + sample_index.
-        self.group: list[Sequence] = group if group is not None else []
-        self.sample_index = len(self.group)
+        self.group: list[Sequence] = group if group is not None else []  # its request's n samples, shared by them
+        self.sample_index = len(self.group)  # its place among them: its seed is the request's + sample_index
         self.group.append(self)
         self.logprobs: list[Logprob] = []  # per output token, with params.logprobs
         self.prompt_logprobs: list = [None]  # with params.prompt_logprobs, per prompt token (the first has none)
-        # Its logits processors (common/processors.py), in order; their state follows the tokens it keeps.
-        self.processors: list = list(processors or [])
-        # SamplingParams.prediction's tokens, tokenized when the request was prepared (off the engine's thread).
-        self.prediction_ids = prediction_ids
-        # Draft tokens to feed after its own at the next step (speculative decoding); cleared by `advance`.
-        self.spec_token_ids: list[int] = []
+        self.processors: list = list(processors or [])  # common/processors.py; their state follows the kept tokens
+        self.prediction_ids = prediction_ids  # SamplingParams.prediction's tokens, tokenized off the engine's thread
+        self.spec_token_ids: list[int] = []  # draft tokens fed after its own next step (stage 06); `advance` clears
         self.num_drafted_tokens = 0  # draft tokens verified for it, over its life (OpenAI's prediction counts)
         self.num_accepted_tokens = 0  # of them, kept
 
     @property
     def num_new_tokens(self) -> int:
-        """Tokens the next step must feed: the whole prompt at first, then the last sampled token (and the drafts
-        to verify after it, if any)."""
+        """Tokens the next step must feed: the prompt at first, then the last sampled token (and drafts to verify)."""
         return len(self) + len(self.spec_token_ids) - self.num_cached_tokens
 
     def feed_ids(self, n: int) -> list[int]:
@@ -156,9 +146,8 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def processed(self, logits: torch.Tensor, ahead: list[int]) -> torch.Tensor:
-        """Its logits row after its processors, at the position after its kept tokens and ``ahead`` (the draft
-        tokens a step assumes kept): each rule with state looks ahead along them and comes back, so it follows the
-        kept tokens alone (the sequence is its one driver: `append_token` moves it past a kept token)."""
+        """Its logits row after its processors, at the position after its kept tokens and ``ahead`` (drafts a step
+        assumes kept): each rule looks ahead along them and comes back, so it follows the kept tokens alone."""
         if not self.processors:
             return logits
         for rule in self.processors:
@@ -186,10 +175,8 @@ class Sequence:
             self.output_text += self.detokenizer.add(token_id)
 
     def stop_reason(self) -> str | None:
-        """Why the request is done after its last token ("stop", "length" or "error"), or None if it goes on.
-
-        A stop (a stop string, EOS or a stop token) wins over the length limit: a stop token sampled as the
-        ``max_tokens``-th token finishes with "stop", as in vLLM, so the stop checks come first."""
+        """Why the request is done after its last token ("stop", "length" or "error"), or None if it goes on. A stop
+        wins over the length limit (a stop token sampled as the ``max_tokens``-th finishes with "stop", as in vLLM)."""
         p, token = self.params, self.output_token_ids[-1]
         failed = next((rule.error for rule in self.processors if rule.error), None)
         if failed:  # a rule cannot go on (no token it allows is left): this request alone ends

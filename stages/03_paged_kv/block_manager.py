@@ -1,13 +1,11 @@
 """Paging: KV memory as a pool of fixed-size blocks (PagedAttention, Kwon et al., SOSP 2023).
 
-A sequence owns a *block table*: the ids of the blocks that hold its keys and values, in
-order. Blocks are taken from a free list as the sequence grows and go back when it finishes
-or is preempted, so memory held tracks tokens written, not the longest a request might
-become. A block can be shared (its reference count says by how many sequences): that is
-how the prefix cache (``prefix_cache.py``) lets requests reuse each other's prompts, and how
-the n samples of one request (SamplingParams.n) share their prompt: a sample *forks* a
-sibling's prompt blocks, the last one partial, and the first write into a block someone else
-still holds copies it first (copy-on-write, Kwon et al., 2023, section 4.4).
+A sequence owns a *block table*: the ids of the blocks that hold its keys and values, in order. Blocks are taken
+from a free list as the sequence grows and go back when it finishes or is preempted, so memory held tracks tokens
+written, not the longest a request might become. A block can be shared (its reference count says by how many
+sequences): that is how the prefix cache (``prefix_cache.py``) lets requests reuse each other's prompts, and how the
+n samples of one request (SamplingParams.n) share their prompt: a sample *forks* a sibling's prompt blocks, the last
+one partial, and the first write into a block someone else still holds copies it first (copy-on-write, section 4.4).
 """
 from __future__ import annotations
 
@@ -77,9 +75,8 @@ class BlockManager:
         return revived + fresh + copy <= self.num_free_blocks
 
     def fork_source(self, seq: Sequence) -> tuple[list[int], int]:
-        """The blocks of a sibling sample (same prompt) that hold ``seq``'s prompt, and how many tokens they hold:
-        its whole prompt but the last token, whose logits give the sample's own first token (the whole prompt
-        for a sample preempted after it generated). ([], 0) when no sibling has computed that much."""
+        """A sibling sample's blocks holding ``seq``'s prompt but its last token (whose logits give the sample's own
+        first token; all of it after a preemption), and how many tokens they hold; ([], 0) when none has them yet."""
         want = min(seq.num_prompt_tokens, len(seq) - 1)
         for other in seq.group:
             if other is not seq and other.seq_id in self.tables and other.num_cached_tokens >= want > 0:
@@ -152,11 +149,9 @@ class BlockManager:
     # ---- release ----------------------------------------------------------------------
     def free_sequence(self, seq: Sequence) -> None:
         """Return a finished or preempted sequence's blocks; cached ones stay revivable until handed out again.
-
-        Tail first: the free list hands out (and so evicts) its least recently freed block first, and a cached
-        block is useful only if every block before it is still cached too. Freed last to first, a sequence's tail
-        goes before its head, which any later request with the same start can reuse; freed head first, the next
-        allocation would evict the head and leave the rest of its chain cached but unreachable."""
+        Tail first: the free list hands out (and so evicts) its least recently freed block first, and a cached block
+        is useful only if every block before it is still cached too. Freed head first, the next allocation would
+        evict the head and leave the rest of its chain cached but unreachable."""
         # lab 03.3 begin: free with reference counts
         for block_id in reversed(self.tables.pop(seq.seq_id, [])):
             block = self.blocks[block_id]
@@ -169,11 +164,9 @@ class BlockManager:
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Keep ``seq``'s first ``num_tokens`` slots and give back the rest: a rejected draft's slots (stage 06).
-
-        Whole blocks past them return to the pool, tail first (as ``free_sequence`` does). The last block kept
-        is partial when ``num_tokens`` ends inside it, and its later slots will be written again: a block the
-        prefix cache knows (it was full) is forgotten there first, unless another sequence holds it too, in which
-        case the next write copies it (copy-on-write) and the cached one stays as it is."""
+        Whole blocks past them return to the pool, tail first. The last block kept is partial when ``num_tokens``
+        ends inside it, and its later slots will be written again: a block the prefix cache knows is forgotten there
+        first, unless another sequence holds it too (then the next write copies it, and the cached one stays)."""
         table = self.tables.get(seq.seq_id, [])
         keep = self.blocks_for(num_tokens)
         for block_id in reversed(table[keep:]):
@@ -191,11 +184,9 @@ class BlockManager:
             self.free[block_id] = None
 
     def audit(self, running: list[Sequence]) -> None:
-        """Check the accounting after a step; raise `AuditError` saying what is wrong. Reference counts equal the
-        block tables that hold each block, the free list is exactly the unreferenced blocks, every running
-        sequence holds blocks for the tokens it has computed, and a block past a sequence's computed tokens
-        holds no cached prefix unless another sequence holds it too (its slots are still to be written, and a
-        shared block is copied before that)."""
+        """Check the accounting after a step (`AuditError` says what is wrong): reference counts equal the block
+        tables holding each block, the free list is the unreferenced blocks, each running sequence holds blocks for
+        its computed tokens, and a block past them holds no cached prefix unless shared (its slots await a write)."""
         held = Counter(b for table in self.tables.values() for b in table)
         for seq_id, table in self.tables.items():
             if len(set(table)) != len(table):

@@ -1,10 +1,9 @@
 """Preemption: when a running request needs a block and none is free, someone gives theirs back.
 
-vLLM's recompute preemption: the most recently admitted request is the victim. Its blocks
-go back to the pool (cached ones stay revivable) and it returns to the front of the queue;
-when it is admitted again its prompt and the tokens it had already generated are recomputed
-(often largely found in the prefix cache). Nothing is lost but time, and since every step's
-math is batch-invariant, the recomputed request goes on with exactly the same tokens.
+vLLM's recompute preemption: the most recently admitted request is the victim. Its blocks go back to the pool
+(cached ones stay revivable) and it returns to the front of the queue; admitted again, its prompt and the tokens it
+had generated are recomputed (often largely found in the prefix cache). Nothing is lost but time: every step's math
+is batch-invariant, so the recomputed request goes on with exactly the same tokens.
 """
 from __future__ import annotations
 
@@ -17,11 +16,9 @@ from .block_manager import BlockManager
 
 def make_room(seq: Sequence, num_tokens: int, running: list[Sequence], waiting: deque[Sequence],
               block_manager: BlockManager) -> tuple[bool, list[Sequence]]:
-    """Preempt the newest running requests until ``seq`` can append ``num_tokens`` tokens.
-
-    Returns (whether ``seq`` can run, the requests preempted, in order); when nothing newer is left, ``seq`` steps
-    aside itself, and that counts as a preemption too: its blocks go back and it is recomputed later like any
-    victim (the step's event and the engine's ``stats.preemptions`` include it)."""
+    """Preempt the newest running requests until ``seq`` can append ``num_tokens`` tokens; returns (whether ``seq``
+    can run, the requests preempted, in order). With nothing newer left, ``seq`` steps aside itself, a preemption too
+    (its blocks go back, it is recomputed later; the step's event and ``stats.preemptions`` include it)."""
     victims = []
     while not block_manager.can_append(seq, num_tokens) and running[-1] is not seq:
         victims.append(running.pop())

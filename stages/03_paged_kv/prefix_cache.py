@@ -1,11 +1,10 @@
 """Prefix caching: a request whose prompt starts like an earlier one reuses its KV blocks.
 
-Once a block is full, it gets a hash chained over the previous block's hash and its own
-token ids, so equal hashes mean equal prefixes (the whole prompt up to there, not just the
-block). A new sequence looks its prompt up block by block and shares what it finds instead
-of recomputing it. A freed block keeps its hash and contents while it sits in the free list;
-it is forgotten only when the block manager hands it out again (LRU eviction). The tokens
-are compared on every hit, so a hash collision is a miss, never a wrong block.
+Once a block is full, it gets a hash chained over the previous block's hash and its own token ids, so equal hashes
+mean equal prefixes (the whole prompt up to there, not just the block). A new sequence looks its prompt up block by
+block and shares what it finds instead of recomputing it. A freed block keeps its hash and contents while it sits in
+the free list; it is forgotten only when the block manager hands it out again (LRU eviction). The tokens are
+compared on every hit, so a hash collision is a miss, never a wrong block.
 """
 from __future__ import annotations
 

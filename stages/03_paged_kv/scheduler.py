@@ -1,12 +1,10 @@
 """Scheduling under a block budget: admit while blocks allow, preempt when they run out.
 
-Every step has a token budget (``max_num_batched_tokens``). Running sequences go first,
-oldest first: a decode feeds one token, a prompt still being prefilled feeds its next chunk
-(**chunked prefill**), so a long prompt never stalls the decodes around it. Whatever budget
-is left admits waiting sequences, which first take any cached prefix blocks. Each idea can be
-turned off, for the lesson: without chunked prefill a prompt waits until its whole rest fits
-one step's budget; without preemption a request is admitted only with blocks reserved for
-the longest it can grow, so it never runs out.
+Every step has a token budget (``max_num_batched_tokens``). Running sequences go first, oldest first: a decode feeds
+one token, a prompt still being prefilled feeds its next chunk (**chunked prefill**), so a long prompt never stalls
+the decodes around it. Whatever budget is left admits waiting sequences, which first take any cached prefix blocks.
+Each idea can be turned off, for the lesson: without chunked prefill a prompt waits until its whole rest fits one
+step's budget; without preemption a request is admitted only with blocks reserved for the longest it can grow.
 """
 from __future__ import annotations
 
@@ -95,16 +93,14 @@ class Scheduler:
         seqs, lens = [], []
         self.preempted, self.admitted, self.prefix_hits = [], [], {}
         budget = self.schedule_running(seqs, lens, self.max_num_batched_tokens)
-        # Admit newcomers only when nothing had to be preempted: memory is tight otherwise, and the request just
-        # preempted (now first in the queue) would be readmitted at once, to recompute what it gave back and be
-        # preempted again.
+        # Admit newcomers only when nothing was preempted: memory is tight, and the request just preempted (first in
+        # the queue) would be readmitted at once, to recompute what it gave back and be preempted again.
         if not self.preempted:
             self.admit_waiting(seqs, lens, budget)
         return seqs, lens
 
     def schedule_running(self, seqs: list[Sequence], lens: list[int], budget: int) -> int:
-        """The running sequences' next tokens, oldest first, preempting the newest when blocks run out; returns the
-        budget left."""
+        """The running sequences' next tokens, oldest first, the newest preempted when blocks run out; budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -134,8 +130,7 @@ class Scheduler:
             budget -= plan.num_tokens
 
     def admission(self, seq: Sequence, budget: int) -> Admission | None:
-        """How ``seq`` would start now, or None if it cannot: the longest of a sibling's prompt blocks (a fork) and
-        its cached prefix, then its next chunk, and blocks enough for it."""
+        """How ``seq`` starts now (the longer of a sibling's prompt blocks and its cached prefix; a chunk), or None."""
         bm = self.block_manager
         if seq.params.prompt_logprobs is not None:  # it needs every prompt row computed: nothing shared
             prefix, cached, hits = [], 0, 0
@@ -167,8 +162,7 @@ class Scheduler:
         self.admitted.append(seq)
 
     def chunk(self, seq: Sequence, remaining: int, budget: int) -> int:
-        """Tokens ``seq`` feeds this step out of ``remaining``: all of them or the budget's worth (chunked
-        prefill); 0 when they do not all fit and chunking is off."""
+        """Tokens ``seq`` feeds of ``remaining``: all if they fit, else the budget's worth (chunked prefill) or 0."""
         n = min(remaining, budget)
         return n if n == remaining or self.chunked_prefill else 0
 

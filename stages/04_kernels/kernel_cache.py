@@ -1,13 +1,9 @@
 """Stage 03's paged cache, with the KV write (and, opted into, the decode attention) as Triton kernels on CUDA.
 
-The KV write is a copy, so its kernel changes no bit. The paged decode-attention kernel
-(flash-decoding with a fixed split size, `paged_attention.py`) is batch-invariant too, but
-its arithmetic is its own: its reductions are not those of the reference's attention, whose
-matmuls run in cuBLAS. A token's keys and values would then depend on whether it was
-computed in a decode step or in a prefill chunk (chunked prefill, recompute after
-preemption), and tokens would stop matching the reference. So it runs only when asked for
-(``LLM(..., fused_attention=True)``): faster decoding, at the price of the guarantee.
-Decoding sequences then go through it; sequences still prefilling keep stage 03's attention.
+The KV write is a copy: its kernel changes no bit. The paged decode-attention kernel (flash-decoding, fixed split
+size, `paged_attention.py`) is batch-invariant too, but its reductions are not the reference's (cuBLAS): a token's KV
+would depend on whether a decode step or a prefill chunk computed it, and tokens would stop matching. So it runs only
+when asked for (``LLM(..., fused_attention=True)``), for the decoding sequences: faster, at the guarantee's price.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The Llama forward pass with its element-wise operations fused: Triton kernels on CUDA,
-hand-written C++ kernels on CPU. Both reproduce ``common.numerics.ops`` bit for bit, so the
-tokens stay the reference's.
+"""The Llama forward pass with its element-wise operations fused: Triton kernels on CUDA, hand-written C++ kernels
+on CPU. Both reproduce ``common.numerics.ops`` bit for bit, so the tokens stay the reference's.
 """
 from __future__ import annotations
 
@@ -70,8 +69,7 @@ class KernelLlama(Llama):
         return qk[:, :nq], qk[:, nq:], qkv[:, (nq + nkv) * d:].view(-1, nkv, d)
 
     def attend(self, layer, qkv, cos, sin, attention):
-        # On CPU the rotated keys and the values go straight into the paged cache: RoPE and the KV write in
-        # one kernel. (On CUDA the cache's own Triton kernel writes them, after the RoPE kernel.)
+        # On CPU, RoPE and the KV write into the paged cache are one kernel (on CUDA the cache's own kernel writes).
         if self.fused is not None and hasattr(attention, "store_target"):
             return attention.attend(layer, self.fused.rope_qk_store(qkv, cos, sin, *attention.store_target(layer)))
         return super().attend(layer, qkv, cos, sin, attention)

@@ -2,10 +2,9 @@
 
 Stage 04's engine, unchanged (``build``), steps (schedule -> run -> postprocess) in a loop that never ends while
 requests keep arriving (`EngineLoop`, loop.py): requests join through its inbox between steps, and after each step
-every sequence that ran publishes its new tokens and newly stable text to its `RequestStream` (streams.py). The
-`LLM` here is the front end every stage shares with that loop beside it, and a server's latency metrics and
-gauges as observers of every step. The loop knows the engine, not this front end: it is handed the engine, the
-front end's step (which the observers see) and the two observers it reports aborts to.
+every sequence that ran publishes its new tokens and newly stable text to its `RequestStream` (streams.py). The `LLM`
+here is the front end every stage shares, with that loop beside it and a server's metrics and gauges as observers.
+The loop knows the engine, not this front end: it is handed the engine, the front end's step and two observers.
 """
 from __future__ import annotations
 
@@ -62,8 +61,8 @@ class LLM(FrontEnd):
         return self.add_samples(prompt, params, loop)[0]
 
     def add_samples(self, prompt, params=None, loop: asyncio.AbstractEventLoop | None = None) -> list[RequestStream]:
-        """A request's n samples (SamplingParams.n), one stream each: they share the prompt's KV blocks. With an
-        event loop, the streams are read with ``async for`` there; without, with `read` on this thread."""
+        """A request's n samples, one stream each, sharing the prompt's KV blocks; read with ``async for`` on ``loop``,
+        else with `read` on this thread."""
         group = self.make_samples(prompt, params)
         if self.num_waiting + len(group) > self.max_waiting:
             raise QueueFull(f"{self.max_waiting} requests are already waiting; retry shortly")
@@ -96,8 +95,7 @@ class LLM(FrontEnd):
         return self.loop.inbox.qsize() + self.engine_gauges.snapshot["waiting"]
 
     def gauges(self) -> dict[str, float]:
-        """The engine's state after its last step (requests, KV blocks, prefix hits, preemptions): a snapshot the
-        stepping thread replaces whole, so a reader on another thread never sees it half-written."""
+        """The engine's state after its last step: a snapshot replaced whole, so no thread reads it half-written."""
         return self.engine_gauges.snapshot
 
     def server_gauges(self) -> dict[str, tuple[float, str]]:
@@ -114,8 +112,8 @@ class LLM(FrontEnd):
 
     # ---- the loop, as a server drives it ----------------------------------------------------
     def run_forever(self, stop, on_start=None) -> None:
-        """Step the engine on this thread until ``stop`` is set (`EngineLoop.run_forever`). A server's statistics
-        keep the last SERVER_HISTORY steps of timeline: nothing may grow per step for the server's life."""
+        """Step the engine on this thread until ``stop`` is set, keeping SERVER_HISTORY steps of timeline (nothing may
+        grow per step for a server's life)."""
         self.stats = EngineStats(timeline=deque(maxlen=SERVER_HISTORY), block_timeline=deque(maxlen=SERVER_HISTORY))
         self.loop.run_forever(stop, on_start)
 

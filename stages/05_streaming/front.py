@@ -1,10 +1,9 @@
 """A later stage's front end: stage 05's `LLM` held, not inherited.
 
-Stages 06 and 07 change the engine (their ``build``) and add a little around it (what speculation did, a grammar per
-request); everything a caller or the server uses (``generate``, streams, the loop, the metrics) stays stage 05's.
-Holding that front end as ``self.front`` instead of subclassing it keeps a later stage's file about its own idea: its
-reader meets stage 05's `LLM` by name and reads it with stage 05. A name the holder does not define is the front's;
-the server serves a holder as it serves stage 05's `LLM` (server/app.py).
+Stages 06 and 07 change the engine (their ``build``) and add a little around it; everything a caller or the server
+uses (``generate``, streams, the loop, the metrics) stays stage 05's. Held as ``self.front`` rather than subclassed,
+stage 05's `LLM` is met by name and read with stage 05, and a later stage's file stays about its own idea. A name
+the holder does not define is the front's; the server serves a holder as stage 05's `LLM` (server/app.py).
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""Adaptive drafting: how many drafts each request feeds this step, decided by measurement, not by a constant.
+"""Adaptive drafting (vLLM's ``enable_adaptive_verification``): how many drafts each request feeds, by measurement.
 
-A draft row pays only while a step is bound by reading the weights; where that stops depends on the machine, the
-load and the workload, so no constant (``disable_by_batch_size``) is right everywhere. `StepCost` measures a
-step here, t(rows) = a + b * rows (per size class; seeded by calibration.py, refined by every step);
-`AdaptiveDrafts` keeps each request's acceptance α, so the j-th draft is worth α^j tokens (the first miss ends the
-run); `best_drafts` feeds the D most valuable drafts for the D with the most expected tokens per second. A draft
-model's guesses cost passes of their own: `PassCost` measures them (draft_model.py times every pass), and a draft
-model is asked only for the drafts worth their rows *and* its passes, so a cheaper draft (fewer layers) drafts
-more. The README ("Drafting only where it pays") walks through it. vLLM calls it adaptive verification
-(``enable_adaptive_verification``); SGLang's ``--speculative-adaptive`` moves the draft length with acceptance.
+A draft row pays only while a step is bound by reading the weights (machine, load and workload decide; README:
+"Drafting only where it pays"). `StepCost` fits t(rows) = a + b * rows here (seeded by calibration.py, refined every
+step), `AdaptiveDrafts` keeps each request's acceptance α (its j-th draft is worth α^j tokens), `best_drafts` feeds
+the drafts worth the most tokens per second, a draft model's passes (`PassCost`) counted.
 """
 from __future__ import annotations
 
@@ -36,8 +31,7 @@ class StepCost:
         c = self.size_class(base_rows)
         points = self.points.setdefault(c, deque(maxlen=self.window))
         points.append((rows, seconds))
-        line = fit(points)
-        if line is not None:
+        if (line := fit(points)) is not None:
             self.lines[c] = line
 
     def line(self, base_rows: int) -> tuple[float, float] | None:
@@ -53,8 +47,7 @@ class StepCost:
 
 
 class PassCost:
-    """A draft model's pass seconds against its rows, t(rows) = a + b * rows, fitted like `StepCost` (draft_model.py
-    measures its drafting passes, and a few at start). Nothing measured yet: 0."""
+    """A draft model's pass seconds, t(rows) = a + b * rows, fitted like `StepCost`; nothing measured yet: 0."""
 
     def __init__(self, window: int = 48):
         self.points: deque = deque(maxlen=window)
@@ -69,9 +62,8 @@ class PassCost:
 
 
 def fit(points) -> tuple[float, float] | None:
-    """Least squares t = a + b * rows through the fastest step at each row count (another process on the machine
-    only ever adds time, so the fastest is the truest); None while the rows do not spread (no slope measured).
-    The slope is kept >= 0 (a row is never a saving) and a > 0."""
+    """Least squares t = a + b * rows (b >= 0, a > 0) through the fastest step at each row count (another process
+    only ever adds time); None while the rows do not spread."""
     fastest: dict[int, float] = {}
     for rows, seconds in points:
         fastest[rows] = min(seconds, fastest.get(rows, seconds))
@@ -88,38 +80,30 @@ def best_drafts(alphas: list[float], lengths: list[int], base_tokens: float, bas
                 passes: list[PassCost | None] | None = None) -> list[int]:
     """How many of its ``lengths[i]`` proposed drafts each request feeds: the D most valuable draft positions (the
     j-th of request i worth alphas[i] ** j), for the D that maximizes expected tokens per second. ``passes[i]``:
-    what request i's drafts cost to make, when a draft model makes them (None: nothing, a lookup); its j-th draft
-    needs the draft's j-th pass, one batched pass for every request drafting that far, priced by its rows."""
+    what its drafts cost (None: a lookup): its j-th draft needs the draft model's j-th pass, priced by its rows."""
     slots = sorted(((min(a, ALPHA_MAX) ** j, -j, i) for i, (a, n) in enumerate(zip(alphas, lengths))
                     for j in range(1, n + 1)), reverse=True)  # ties: earlier positions first (a draft is a prefix)
     passes = passes or [None] * len(lengths)
     in_pass: Counter = Counter()  # (draft model, j) -> requests its j-th pass drafts for
     drafting = 0.0  # seconds of draft passes the D best cost
-
-    def seconds(rows):
-        return max(cost.seconds(base_rows, rows) + drafting, 1e-12)
-
-    tokens, best, best_d = base_tokens, base_tokens / seconds(base_rows), 0
+    tokens, best, best_d = base_tokens, base_tokens / max(cost.seconds(base_rows, base_rows), 1e-12), 0
     for d, (worth, j, i) in enumerate(slots, 1):
         tokens += worth
         if passes[i] is not None:  # one more row in the draft's j-th pass (the first of it: the pass itself)
             key = (id(passes[i]), -j)
             drafting += passes[i].seconds(in_pass[key] + 1) - passes[i].seconds(in_pass[key])
             in_pass[key] += 1
-        rate = tokens / seconds(base_rows + d)
+        rate = tokens / max(cost.seconds(base_rows, base_rows + d) + drafting, 1e-12)
         if rate > best:
             best, best_d = rate, d
-    ks = [0] * len(lengths)
-    for _, _, i in slots[:best_d]:
-        ks[i] += 1
-    return ks
+    fed = Counter(i for _, _, i in slots[:best_d])
+    return [fed[i] for i in range(len(lengths))]
 
 
 class AdaptiveDrafts:
     """The policy: each request's acceptance, the step cost, and per step the drafts worth feeding."""
 
-    def __init__(self, cost: StepCost | None = None, prior: float = 0.5, prior_weight: float = 2.0,
-                 decay: float = 0.9):
+    def __init__(self, cost: StepCost | None = None, prior: float = 0.5, prior_weight: float = 2.0, decay: float = 0.9):
         self.cost = cost or StepCost()
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self.own: dict[int, list[float]] = {}  # seq_id -> decayed [drafts kept, drafts tried]
@@ -135,14 +119,11 @@ class AdaptiveDrafts:
 
     def choose(self, seqs: list[Sequence], kinds: list[str], drafts: list[list[int]], base_tokens: int,
                base_rows: int, record: bool = True, passes: list[PassCost | None] | None = None) -> list[int]:
-        """How many of each request's proposed drafts to feed this step (``passes``: what making them costs, for
-        drafts not made yet). Every proposal is remembered, fed or not (``record``): the tokens the step keeps score
-        it (`score`), so a request not drafting still shows what drafting would have kept."""
+        """How many of each request's proposed drafts to feed this step. Every proposal is remembered (``record``), fed
+        or not: the tokens the step keeps score it (`score`), so a request not drafting shows what it would keep."""
         alphas = [self.acceptance(s, k) for s, k in zip(seqs, kinds)]
         ks = best_drafts(alphas, [len(d) for d in drafts], base_tokens, base_rows, self.cost, passes)
-        if not record:
-            return ks
-        for seq, kind, draft, k in zip(seqs, kinds, drafts, ks):
+        for seq, kind, draft, k in zip(seqs, kinds, drafts, ks) if record else ():
             if draft:
                 self.pending[seq.seq_id] = (seq, kind, len(seq.token_ids), list(draft))
             self.counts["proposed"] += len(draft)
@@ -150,8 +131,8 @@ class AdaptiveDrafts:
         return ks
 
     def score(self) -> None:
-        """After a step: each remembered proposal against the tokens its request kept. Its first i tokens matched
-        (i drafts kept) and, where the step's tokens reach past them, one more was tried and missed."""
+        """After a step: each remembered proposal against the tokens its request kept (i matched: i drafts kept and,
+        where the step's tokens reach past them, one more tried and missed)."""
         for seq, kind, length, draft in self.pending.values():
             truth = seq.token_ids[length:]
             hits = next((i for i, (d, t) in enumerate(zip(draft, truth)) if d != t), min(len(draft), len(truth)))

@@ -1,10 +1,8 @@
 """What stage 06 runs when told nothing: the speculative_config of its command lines and of the ladder."""
 from __future__ import annotations
 
-# What the engine, its server, the ladder and `python -m stages.06_speculative` run when told nothing: prompt lookup
-# of 2 to 5 tokens, up to 4 drafts, fed where the adaptive policy (cost_model.py) finds they pay on this machine at
-# this load. It replaced a fixed disable_by_batch_size of 4, chosen on one 2-core AVX2 EPYC (docs/speculative.md),
-# where extraction stopped paying at 4 in flight and chat at 2; that key stays, as an explicit override.
+# Prompt lookup of 2 to 5 tokens, up to 4 drafts, fed where the adaptive policy (cost_model.py) finds they pay on this
+# machine at this load; a fixed disable_by_batch_size (docs/speculative.md) stays, as an explicit override.
 STAGE_DEFAULT = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 # The same, feeding every draft at every batch size: the table then shows where speculation stops paying (the
 # crossover the policy acts on). `python -m stages.06_speculative --draft-always` runs it.

@@ -1,21 +1,12 @@
 """The draft model: a smaller, cheaper copy of the model guesses the next k tokens, greedily (Leviathan et al. 2023).
 
-Here the copy is the same checkpoint with int4 weights (``speculative_config`` method ``draft_model``, quantization
-``int4``): a quarter of the bytes a bfloat16 step reads, and it agrees with the full model on most tokens. It keeps
-its OWN paged KV cache (a `BlockManager` and a cache of the engine's kind), one `DraftState` per request:
-
-1. catch up: the draft has not seen the tokens the target kept since it last drafted (or the prompt, at first),
-   so those are fed first, all requests in one batched pass, whose last rows give the first draft token;
-2. draft: k - 1 more batched passes of one token per request, each feeding the previous draft token;
-3. roll back: next time, what it fed is compared with the tokens the target kept; its KV past the first difference
-   (the rejected drafts) is given back (`BlockManager.truncate`), and catching up starts there.
-
-With ``draft_num_layers: N`` the copy keeps only its first N decoder layers, then the final norm and head (early
-exit; `ModelOptions.load`'s ``num_layers`` builds only those, its KV pool holds N layers): a cheaper pass that agrees
-less. Its drafting passes are timed (``pass_cost``): the adaptive policy prices its guesses by them.
-
-Drafting is greedy whatever the request samples: verification by exact match keeps exactly the target's tokens
-for any draft, so a draft only has to be likely, not distributed like the target.
+Here the copy is the same checkpoint with int4 weights (method ``draft_model``, quantization ``int4``): a quarter of
+the bytes a bfloat16 step reads, agreeing with the full model on most tokens. It keeps its OWN paged KV cache, one
+`DraftState` per request. Each step it catches up (the tokens the target kept since it last drafted, all requests in
+one batched pass whose last rows give the first drafts), then drafts (k - 1 passes of one token per request); next
+time its KV past the first rejected draft is given back (`BlockManager.truncate`). ``draft_num_layers: N`` keeps the
+first N layers only (early exit): a cheaper pass that agrees less. Its passes are timed (``pass_cost``) for the
+adaptive policy. Drafting is greedy whatever the request samples: verification keeps the target's tokens anyway.
 """
 from __future__ import annotations
 
@@ -32,9 +23,7 @@ from .proposer import Proposer
 
 
 class DraftState:
-    """What the draft model holds for one request: the tokens its KV cache holds, in order. The block manager reads
-    ``seq_id`` and ``num_cached_tokens`` and keeps the count in step with its blocks; `DraftModelProposer` keeps
-    ``fed`` in step with the count."""
+    """What the draft model holds for one request: the tokens its KV cache holds (``fed``) and their count."""
 
     def __init__(self, seq_id: int):
         self.seq_id, self.fed, self.num_cached_tokens = seq_id, [], 0
@@ -44,10 +33,9 @@ class DraftModelProposer(Proposer):
     cheap = False  # each draft token is a pass of the draft model: asked only for the drafts worth feeding
     def __init__(self, model: KernelLlama, cache: KernelPagedCache, block_manager: BlockManager, max_catch_up: int,
                  k: int, disable_by_batch_size: int | None = None):
-        """``cache`` and ``block_manager``: the draft model's own pool, of the engine's kind and size."""
         super().__init__(k, disable_by_batch_size)
         self.model, self.max_catch_up = model, max_catch_up  # prompt tokens it catches up on per step, at most
-        self.block_manager, self.cache = block_manager, cache
+        self.block_manager, self.cache = block_manager, cache  # its own pool, of the engine's kind and size
         self.states: dict[int, tuple[Sequence, DraftState]] = {}
         self.pass_cost = PassCost()  # seconds of each of its passes against the rows fed
 
@@ -56,8 +44,7 @@ class DraftModelProposer(Proposer):
             self.drop(seq_id)
         feeds, complete = self.catch_up(seqs)
         want = {s.seq_id: k for s, k in zip(seqs, ks)}
-        drafts: dict[int, list[int]] = {i: [] for i in complete}
-        active = list(feeds)
+        drafts, active = {i: [] for i in complete}, list(feeds)  # seq_id -> its draft tokens; those fed this pass
         while active:  # pass 1 catches up (and gives each first draft token), the next ones draft one token each
             tokens = self.forward([self.states[i][1] for i in active], [feeds[i] for i in active])
             for i, token in zip(active, tokens):
@@ -73,9 +60,8 @@ class DraftModelProposer(Proposer):
         return [drafts.get(s.seq_id, []) for s in seqs]
 
     def catch_up(self, seqs: list[Sequence]) -> tuple[dict[int, list[int]], set[int]]:
-        """What each request's draft is fed first: the target's kept tokens past what the draft's cache holds of
-        them (its rejected drafts given back first), and the requests whose feed reaches their last token (they
-        draft now). A long catch-up (a new prompt) is fed ``max_catch_up`` tokens a step at most, in chunks."""
+        """What each request's draft is fed first: the target's kept tokens past those its cache holds (rejected drafts
+        given back first), at most ``max_catch_up`` a step; and the requests whose feed reaches their last token."""
         feeds, complete, budget, taken = {}, set(), self.max_catch_up, 0
         for seq in seqs:
             state, tokens = self.state(seq), seq.token_ids
@@ -113,8 +99,7 @@ class DraftModelProposer(Proposer):
         return tokens
 
     def calibrate(self) -> None:
-        """Drafting passes of 1, 2, 4 and 8 requests before the first request, so the policy prices drafts from the
-        start; three rounds, the first unmeasured (a row count's first pass pays one-time costs)."""
+        """Passes of 1, 2, 4 and 8 rows, so drafts are priced from the first request (the first round, unmeasured)."""
         bm, vocab = self.block_manager, self.model.config.vocab_size
         for i, rows in enumerate([1, 2, 4, 8] * 3):
             states = [DraftState(-1 - 8 * i - j) for j in range(rows)]  # not requests' ids
@@ -134,9 +119,8 @@ class DraftModelProposer(Proposer):
         return self.states[seq.seq_id][1]
 
     def room(self, state: DraftState, n: int, taken: int = 0) -> bool:
-        """Whether the draft's pool can take ``n`` more of this request's tokens besides the ``taken`` blocks this
-        pass already holds for other requests (each checked alone, several could overrun the pool together),
-        giving back the KV of requests that are not running (waiting after a preemption) when it must."""
+        """Whether the pool takes ``n`` more of its tokens besides the ``taken`` blocks this pass holds for requests
+        before it (each alone could fit and all together not), giving back preempted requests' KV if it must."""
         bm = self.block_manager
         def fits():
             return bm.blocks_needed(state, n) + taken <= bm.num_free_blocks

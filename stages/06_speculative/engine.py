@@ -1,12 +1,10 @@
 """Stage 06: speculative decoding. Guess several tokens, check them in one pass, keep every token identical.
 
-Decoding one request reads every weight once per token, so a pass over k + 1 tokens of one request costs about
-what a pass over one does. Stage 05's engine with one idea added: before each step a proposer guesses up to k next
-tokens of each decoding request (`SpeculativeScheduler.propose_drafts`); the step feeds them after the request's
-own token; the runner samples every position and keeps the guesses up to the first that differs from what it
-sampled there, plus that one token (``ModelRunner.sample_run``: exact-match verification, so the kept tokens are
-exactly those one-at-a-time decoding gives, greedy or seeded); the KV slots of the rest go back
-(`BlockManager.truncate`).
+Decoding one request reads every weight once per token, so a pass over k + 1 tokens of one request costs about what a
+pass over one does. Stage 05's engine with one idea added: before each step a proposer guesses up to k next tokens of
+each decoding request (`SpeculativeScheduler.propose_drafts`), fed after its own token; the runner keeps them up to
+the first that differs from what it sampled, plus that token (``ModelRunner.sample_run``: exact-match verification,
+so the tokens are one-at-a-time decoding's, greedy or seeded); the rest's KV goes back (`BlockManager.truncate`).
 """
 from __future__ import annotations
 
@@ -40,9 +38,7 @@ def paged_cache(model: KernelLlama, blocks: BlockManager, fused_attention: bool 
 
 def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: KernelLlama,
                           blocks: BlockManager) -> list[Proposer]:
-    """What ``speculative_config`` drafts with, in priority order: a request's predicted output, then the method's
-    proposer (n-gram lookup, or a draft model with a pool of its own, of the engine's size in blocks, for its own
-    layers: ``draft_num_layers`` of them when cut short). None when it is off."""
+    """What ``speculative_config`` drafts with, in order: a request's predicted output, then the method's proposer."""
     spec = config.speculative
     if spec is None:
         return []
@@ -60,8 +56,8 @@ def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: Ker
             raise ValueError(f"speculative_config.model has a vocabulary of {draft.config.vocab_size} tokens, the "
                              f"model {model.config.vocab_size}: a draft model must share the tokenizer")
         own = BlockManager(blocks.num_blocks, blocks.block_size)  # stage 03's, for the draft's own KV
-        method = DraftModelProposer(draft, paged_cache(draft, own), own, config.scheduler.max_num_batched_tokens, k,
-                                    off)
+        budget = config.scheduler.max_num_batched_tokens
+        method = DraftModelProposer(draft, paged_cache(draft, own), own, budget, k, off)
     return [PredictionProposer(tokenizer, k, off), method]
 
 
@@ -82,11 +78,9 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
 
 
 class LLM(HeldFrontEnd):
-    """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, with what speculation
-    did counted (``spec_stats``) and the adaptive policy calibrated (calibration.py) before the first request."""
+    """Stage 05's front end (``self.front``) over this engine, counting ``spec_stats``, calibrated at start."""
     build = staticmethod(build)
-    # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm): prompt lookup.
-    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})
+    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})  # stages/cli.py's make_llm
 
     def __init__(self, model: str = DEFAULT_MODEL, **options):
         self.front = StreamingLLM(model, build=build, **options)

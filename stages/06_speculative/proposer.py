@@ -1,9 +1,8 @@
 """What a proposer is: whatever guesses the next tokens of a request, handed to the scheduler in ``build``.
 
-``limit(seq, num_running)`` says whether a request is its to draft for (None: not its) and how many drafts it may
-give this step; ``propose(seqs, ks)`` guesses, one batched call a step; ``release()`` drops what it keeps per
-request. A new way to draft (a suffix tree, a draft model, the tokens a grammar forces, an early-exit layer) is one
-more `Proposer`; this stage's are in proposers.py, draft_model.py and suffix.py, stage 07's in its forced.py.
+``limit(seq, num_running)``: whether a request is its to draft for (None: not) and how many drafts it may give this
+step; ``propose(seqs, ks)`` guesses, one batched call a step; ``release()`` drops what it keeps per request. A new
+way to draft is one more `Proposer` (proposers.py, draft_model.py, suffix.py; stage 07's forced.py).
 """
 from __future__ import annotations
 

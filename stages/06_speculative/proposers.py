@@ -1,12 +1,8 @@
 """Proposers whose drafts cost (almost) nothing to make (each a `Proposer`, proposer.py).
 
-* `NgramProposer`, vLLM's ``ngram`` method (prompt lookup decoding, Saxena 2023): the text so far often repeats
-  itself (a summary quotes its source, code repeats identifiers), so what followed its last few tokens earlier in
-  the prompt and output is proposed.
+* `NgramProposer`, vLLM's ``ngram`` method (prompt lookup decoding, Saxena 2023): text repeats itself (a summary
+  quotes its source, code its identifiers), so what followed its last few tokens earlier on is proposed.
 * `PredictionProposer`, OpenAI's predicted outputs: the output is drafted from the text the caller expects.
-
-A proposer only guesses; verification (``ModelRunner.sample_run``) keeps exactly the tokens one-at-a-time decoding
-would give, so a bad guess costs time, never a token.
 """
 from __future__ import annotations
 
@@ -18,14 +14,10 @@ from .proposer import Proposer
 
 
 def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
-    """vLLM's rule: the longest suffix of ``tokens`` of ``min_n`` to ``max_n`` tokens that occurs earlier in
-    ``tokens``; of its occurrences the first; and up to ``k`` tokens that followed it there. Nothing when no
-    suffix of ``min_n`` tokens or more recurs. ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``.
-
-    Every request runs this every step, so it is written for speed: each earlier place of the last token (found by
-    ``list.index``, a scan in C) is a candidate end of a match, extended backwards while the tokens agree. A
-    candidate replaces the best only when strictly longer, so of the longest matches the first is kept. (Trying
-    each n with numpy's sliding windows took about 120 µs for a 600-token request with no match; this, under 10.)"""
+    """vLLM's rule: up to ``k`` tokens that followed the first earlier occurrence of the longest suffix of ``tokens``
+    of ``min_n`` to ``max_n`` tokens (none if none recurs): ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``.
+    Run for every request every step, so fast: each earlier place of the last token (``list.index``, a scan in C) is
+    a candidate end, extended backwards while the tokens agree; only a strictly longer one replaces the best."""
     # lab 06.1 begin: prompt lookup (n-gram) drafts
     end = len(tokens) - 1  # a match must end before the last token
     max_n = min(max_n, end)
@@ -58,14 +50,9 @@ class NgramProposer(Proposer):
 
 
 class PredictionProposer(Proposer):
-    """Drafts from a request's predicted output: after the tokens that followed the prediction, its next ones.
-
-    Where the output departs from the prediction (an edit), the draft stops; it resumes where the output's last
-    tokens (up to ``max_n``) occur in the prediction again: at the first such place from where it left off, or,
-    when the output went back, the first anywhere. The prediction's tokens and where the output stands in it are
-    kept per sequence (each sample of n its own) and dropped when it finishes. The prediction's tokens come
-    tokenized with the request (``seq.prediction_ids``, made off the engine's thread) and are searched as a numpy
-    array: a 1 MB prediction (about 250,000 tokens) is looked up in a millisecond, not a Python loop's seconds."""
+    """Drafts a request's predicted output on from where the output stands in it. Past an edit it resumes where the
+    output's last tokens (up to ``max_n``) occur in it again, first from where it left off, else anywhere; searched
+    as a numpy array (tokenized with the request, off the engine's thread): a 1 MB prediction in a millisecond."""
 
     def __init__(self, tokenizer, k: int, disable_by_batch_size: int | None = None, max_n: int = 8):
         super().__init__(k, disable_by_batch_size)

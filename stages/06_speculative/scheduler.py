@@ -1,19 +1,11 @@
 """Scheduling drafts: before stage 03's schedule, each decoding request gets the draft tokens its step can take.
 
-`SpeculativeScheduler` is stage 03's `Scheduler` (stages/03_paged_kv/scheduler.py) with one thing added, done
-before it plans the step. A draft is fed whole in the step that verifies it (the runner's rule), after the
-request's own token, so each decoding request's drafts are capped before anything is allocated (`draft_caps`): by
-what its proposer may give (`draft_limit`), by what the request can still produce (``max_tokens``,
-``max_model_len``: a draft past its end is wasted), by the step's token budget left when its turn comes (running
-requests go oldest first, as stage 03 schedules them), and by the KV blocks free without preempting anyone: a guess
-is never worth evicting another request. Then the proposers guess, and stage 03's plan runs unchanged.
-
-The proposers come in priority order, each a `Proposer` (proposer.py): the first whose ``limit`` is not None
-for a request is the one that drafts for it. Stage 07 adds one at the front: the tokens a grammar forces.
-
-With a policy (cost_model.py's `AdaptiveDrafts`, the default), what is proposed is not all fed: the policy keeps,
-per request, the drafts worth their rows at this step's size on this machine, and learns from every step (its
-time, in `postprocess`, and what each proposal would have kept).
+A draft is fed whole in the step that verifies it, after the request's own token, so `draft_caps` first caps each
+decoding request's drafts: by its proposer's limit, by what the request can still produce, by the step's token
+budget left at its turn (oldest first, as stage 03 schedules), and by the KV blocks free without preempting anyone (a
+guess is never worth evicting a request). The proposers (in priority order: the first whose ``limit`` is not None
+drafts; stage 07 puts the grammar's forced tokens first) then guess, and a policy (cost_model.py, the default) keeps
+the drafts worth their rows, learning from every step. Then stage 03's plan runs unchanged.
 """
 from __future__ import annotations
 
@@ -49,8 +41,7 @@ class SpeculativeScheduler(Scheduler):
         return batch
 
     def postprocess(self, batch: ScheduledBatch, outputs) -> None:
-        """Stage 03's, and the policy learns: the step's time against its rows (drafts and not), and what each
-        proposal would have kept."""
+        """Stage 03's, and the policy learns: the step's time against its rows, what each proposal would have kept."""
         if self.policy is not None:
             rows, drafted = sum(batch.lens), sum(len(s.spec_token_ids) for s in batch.seqs)
             self.policy.cost.observe(rows - drafted, rows, time.perf_counter() - self.scheduled_at)
@@ -81,9 +72,8 @@ class SpeculativeScheduler(Scheduler):
         return self.proposer_for(seq)[1]
 
     def propose_drafts(self) -> None:
-        """Every decoding request with room for drafts gets them from its proposer, one batched call per proposer;
-        a proposer may give fewer than asked (or none). With a policy, only the drafts worth their rows are fed
-        (and a proposer that costs a pass of its own, the draft model, is asked only for those)."""
+        """Drafts from each request's proposer, one batched call per proposer (it may give fewer). With a policy, the
+        drafts worth their rows are fed; a proposer that costs passes (a draft model) is asked only for those."""
         caps = self.draft_caps()
         groups: dict[int, tuple[Proposer, list[Sequence]]] = {}
         for seq in self.running:
@@ -103,9 +93,8 @@ class SpeculativeScheduler(Scheduler):
             for seq, draft in zip(asked, proposer.propose(asked, [caps[s.seq_id] for s in asked]) if asked else []):
                 drafts[seq.seq_id] = list(draft[:caps[seq.seq_id]])
         ks = self.choose(drafts) if self.policy is not None else {i: len(d) for i, d in drafts.items()}
-        for seq in self.running:
-            if seq.seq_id in drafts:
-                seq.spec_token_ids = drafts[seq.seq_id][:ks[seq.seq_id]]
+        for seq in (s for s in self.running if s.seq_id in drafts):
+            seq.spec_token_ids = drafts[seq.seq_id][:ks[seq.seq_id]]
 
     def explore(self, proposer: Proposer, seqs: list[Sequence]) -> int:
         """1 draft a request while the policy still explores ``proposer`` (cost_model.py's `exploring`), if one pass
@@ -118,8 +107,7 @@ class SpeculativeScheduler(Scheduler):
         return 0 if dear else 1
 
     def choose(self, drafts: dict[int, list[int]], record: bool = True, priced: bool = False) -> dict[int, int]:
-        """seq_id -> how many of its proposed drafts the policy feeds, given the step's own rows and tokens;
-        ``priced``: the drafts are not made yet, so a draft model's passes (its ``pass_cost``) count too."""
+        """seq_id -> how many of its drafts the policy feeds (``priced``: not made yet, their draft passes priced)."""
         base_tokens = sum(s.num_new_tokens == 1 for s in self.running)  # each decoding request's own token
         base_rows = min(sum(s.num_new_tokens for s in self.running), self.max_num_batched_tokens)
         seqs = [s for s in self.running if s.seq_id in drafts]
@@ -150,8 +138,8 @@ class SpeculativeScheduler(Scheduler):
         return caps
 
     def abort(self, seq: Sequence) -> None:
-        """Stage 03's, and the policy forgets the request at once (an abort between steps is never in a batch that
-        `postprocess` sees finish); the proposers drop theirs when they next see it finished."""
+        """Stage 03's, and the policy forgets the request at once (`postprocess` never sees it finish; the proposers
+        drop theirs when they next see it finished)."""
         super().abort(seq)
         if self.policy is not None:
             self.policy.forget([seq.seq_id])

@@ -1,9 +1,5 @@
-"""What speculation did, counted from every step's event: the figures the stage prints.
-
-Acceptance per position (of the drafts verified at position i of a draft, the share kept: a draft is kept up to
-its first miss, so the rate falls with i), tokens per decoding step for each request (1.0 without speculation), and
-the proposer's share of the step time (the guesses must stay cheap next to the pass that checks them), all read
-from the events alone.
+"""What speculation did, from every step's event alone: acceptance per position (a draft is kept up to its first
+miss, so it falls), tokens per decoding step per request (1.0 without), the proposer's share of the step time.
 """
 from __future__ import annotations
 

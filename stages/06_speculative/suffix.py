@@ -1,11 +1,9 @@
 """Suffix decoding (Oliaro et al., arXiv 2411.04975; Snowflake's Arctic Inference; vLLM's ``suffix`` method).
 
-An agent that rewrites the same file again and again writes what it, or an earlier request, wrote before. Prompt
-lookup (``ngram``) copies what followed the first occurrence of the last few tokens, in this request alone; suffix
-decoding keeps every continuation with its count, in two trees, as Arctic's ``SuffixDecodingCache``: the request's
-prompt and output, and the answers of the last ``suffix_decoding_max_cached_requests`` requests, counted as they
-are generated and taken back out, first in first out, when a newer request needs the slot (bounded memory).
-Arctic's tree also compresses paths (a node per run of tokens), left out here for the lesson.
+An agent that rewrites a file writes what it, or an earlier request, wrote before. Where prompt lookup (``ngram``)
+copies what followed the last few tokens' first occurrence in this request, suffix decoding counts every
+continuation in two trees, as Arctic's ``SuffixDecodingCache``: the request's own text, and the answers of the last
+``suffix_decoding_max_cached_requests`` requests (first in, first out). Arctic's path compression is left out.
 """
 from __future__ import annotations
 
@@ -31,8 +29,7 @@ class Draft(NamedTuple):  # score: the sum of its tokens' probabilities; match_l
 
 
 class SuffixTree:
-    """Every stretch of up to ``depth`` consecutive tokens of each text fed, as paths from the root: a node's count
-    is how often the path to it occurs in the texts."""
+    """Every stretch of up to ``depth`` tokens of each text fed, as paths from the root, each node counting its path."""
 
     def __init__(self, depth: int):
         self.depth, self.root = depth, Node()
@@ -59,10 +56,9 @@ class SuffixTree:
             node = child
 
     def speculate(self, context: list[int], k: int, factor: float, min_prob: float, offset: float = 0.0) -> Draft:
-        """Arctic's ``SuffixTree::speculate``: each suffix of the last ``depth`` tokens (1, 2, ..., shorter than the
-        context) found here is a match; from each the most frequent path is followed, a token's probability the
-        product of child count over parent count, while >= ``min_prob``, for at most ``factor`` x match length +
-        ``offset`` (vLLM: none) and ``k`` tokens. The best score wins (a tie: the longer match)."""
+        """Arctic's ``SuffixTree::speculate``: from each suffix of the context found here (1, 2, ... tokens), the most
+        frequent path (a token's probability: child count over parent count, multiplied) while >= ``min_prob``, for
+        at most ``factor`` x match length + ``offset`` and ``k`` tokens. The best score wins (a tie: the longer)."""
         context, best = context[-self.depth:], Draft([], 0.0, 0)
         for n in range(1, len(context)):
             node = self.root

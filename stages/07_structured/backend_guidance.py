@@ -1,10 +1,9 @@
 """llguidance (Microsoft's guidance, the second backend vLLM ships): an Earley parser over a lexer, which enforces
 ``allOf``, ``minLength`` beside a ``pattern``, and refuses (never skips) a keyword it does not implement.
 
-The same interface as xgrammar's matcher (backend_xgrammar.py). Two differences handled here: a token llguidance
-does not allow puts its matcher in an error state for good, so a token is checked (``validate_tokens``) before it
-is taken, as xgrammar's ``accept_token`` does; and an EOS is never given to llguidance (rolled back, it left EOS
-refused for good in 1.9.1): it is accepted here where llguidance's matcher accepts, and counted (``is_terminated``).
+The same interface as xgrammar's matcher (backend_xgrammar.py), two differences handled here: a token llguidance
+does not allow breaks its matcher for good, so a token is checked (``validate_tokens``) before it is taken; and an
+EOS is never given to llguidance (rolled back, it left EOS refused in 1.9.1): it is counted here (``is_terminated``).
 """
 from __future__ import annotations
 
@@ -90,8 +89,8 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
         raise ValueError("llguidance reads Lark grammars; structured_outputs.grammar is xgrammar's EBNF")
     matcher, error = build_matcher(tokenizer, grammar)
     if error and cleaned is not None and loosens(error):
-        # a property and a pattern it matches, intersected through a recursive definition; a count of properties
-        # beside optional ones: the loose cleaning leaves these to the check of the finished output
+        # a pattern-matched property through a recursive definition, a property count beside optional ones: the
+        # loose cleaning leaves these to the check of the finished output
         cleaned = prepare(so.schema, "guidance", loose=True)
         schema = cleaned.schema
         grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
@@ -102,10 +101,8 @@ def compile_guidance(tokenizer, so, vocab_size: int, eos_ids: list[int]) -> Guid
 
 
 def build_matcher(tokenizer, grammar: str):
-    """The matcher at the grammar's start and llguidance's error ("" when none). Built once: building it is the
-    compile (the lexer and parser tables), and ``validate_grammar`` before it did the same work again, doubling
-    every compile (jreleaser's schema: 1.6 s to validate, then 2.0 s to build). llguidance builds it without the
-    interpreter lock, so the engine's thread keeps stepping meanwhile."""
+    """The matcher at the grammar's start and llguidance's error ("" when none). Building it is the compile (lexer
+    and parser tables, without the interpreter lock): no ``validate_grammar`` first, which did the same work again."""
     import llguidance as llg
     matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
     return matcher, matcher.get_error() if matcher.is_error() else ""

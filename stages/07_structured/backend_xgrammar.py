@@ -1,9 +1,8 @@
 """xgrammar (Dong et al. 2024), the backend vLLM defaults to: JSON schemas it enforces whole, EBNF grammars, regexes.
 
-A compiled grammar is shared; a matcher is one request's position in it, behind the interface every backend gives:
-``fill()`` the allowed tokens as a bitmask (int32 words), ``accept(token)``, ``rollback(n)``, ``is_terminated()``
-(an EOS was accepted where the grammar may end) and ``forced_text()`` (xgrammar's jump-forward string). A schema is
-made one xgrammar accepts first (``schema.prepare``): xgrammar would skip a keyword it does not enforce.
+A compiled grammar is shared; a matcher is one request's position in it, behind backends.py's interface (its
+``forced_text()`` is xgrammar's jump-forward string). A schema is first made one xgrammar enforces whole
+(``schema.prepare``): xgrammar would skip a keyword it does not enforce.
 """
 from __future__ import annotations
 
@@ -52,9 +51,8 @@ class XGrammarMatcher:
 
 
 def xgrammar_compiler(vocab: tuple, vocab_size: int, eos_ids: list[int]):
-    """xgrammar's compiler over this vocabulary: special tokens as empty strings, which xgrammar never allows inside
-    a structure (given as text, ``<|im_start|>`` would be allowed inside a JSON string). Its own cache is off: the
-    engine keeps compiled grammars itself (backends.py), one cache with one bound."""
+    """xgrammar's compiler over this vocabulary: special tokens as empty strings, never allowed inside a structure (as
+    text, ``<|im_start|>`` would be, in a JSON string). Its own cache is off: grammar_cache.py is the one, bounded."""
     import xgrammar as xgr
     info = xgr.TokenizerInfo([b if b is not None else b"" for b in vocab], vocab_type=xgr.VocabType.RAW,
                              vocab_size=vocab_size, stop_token_ids=eos_ids)
@@ -62,8 +60,7 @@ def xgrammar_compiler(vocab: tuple, vocab_size: int, eos_ids: list[int]):
 
 
 def compile_xgrammar(compiler, so, vocab_size: int) -> XGrammarGrammar:
-    """The constraint compiled; `Refused` for a schema keyword xgrammar would skip, RuntimeError/ValueError for what
-    it cannot compile."""
+    """The constraint compiled; `Refused` for a keyword xgrammar would skip, RuntimeError/ValueError if it fails."""
     any_whitespace, checked = not so.disable_any_whitespace, ()
     if so.kind == "json":
         cleaned = prepare(so.schema, "xgrammar", compiler)

@@ -1,13 +1,11 @@
-"""The two backends behind one interface: compile a constraint once, then a matcher per request.
+"""The backends behind one interface: compile a constraint once, then a matcher per request.
 
-A compiled grammar is shared by every request that asks for the same constraint (``Grammars.compile`` caches it
-per tokenizer); a matcher is one request's position in it: ``fill()`` the allowed tokens as a bitmask (int32 words,
-xgrammar's layout), ``accept(token)``, ``rollback(n)``, ``is_terminated()`` (an EOS was accepted where the grammar
-may end), and ``forced_text()``, the text every match must continue with from here (xgrammar's jump-forward
-string). ``choice`` and the patterns regex.py reads go to the hand-written automaton (fsm.py); JSON schemas,
-``json_object``, EBNF grammars and other patterns to xgrammar (Dong et al. 2024, backend_xgrammar.py), the backend
-vLLM defaults to, and llguidance (backend_guidance.py); ``auto`` takes the first of them that enforces the whole
-constraint, as vLLM's ``auto`` falls back from one to the other.
+A compiled grammar is shared by every request asking for the same constraint (``Grammars.compile`` caches it per
+tokenizer); a matcher is one request's position in it: ``fill()`` the allowed tokens as a bitmask (int32 words,
+xgrammar's layout), ``accept(token)``, ``rollback(n)``, ``is_terminated()`` (an EOS accepted where the grammar may
+end), and ``forced_text()`` (the text every match must continue with: xgrammar's jump-forward string). ``choice`` and
+the patterns regex.py reads go to the hand-written automaton (fsm.py); the rest to xgrammar (backend_xgrammar.py),
+vLLM's default, or llguidance (backend_guidance.py); ``auto`` takes the first that enforces the whole constraint.
 """
 from __future__ import annotations
 
@@ -29,9 +27,7 @@ from .schema import CompileBudget, Refused, with_check, xgrammar_reason
 from .vocab import token_bytes
 
 TERMINATED = -2  # the matcher's state after an EOS at the end of a match
-# auto's order. A JSON schema goes to llguidance first: on JSONSchemaBench it compiles 10-100 times faster than
-# xgrammar 0.2.9 (Snowplow's long maxLength strings took xgrammar seconds) and enforces more (allOf, a length beside
-# a pattern); xgrammar takes what llguidance refuses. EBNF grammars are xgrammar's dialect, so xgrammar first there.
+# auto's order: a JSON schema to llguidance first (faster to compile, enforces more); EBNF is xgrammar's dialect.
 AUTO_ORDER = {"json": ("guidance", "xgrammar")}
 
 
@@ -43,23 +39,19 @@ class FSMGrammar:
     def __init__(self, tree: tuple, grammars: Grammars):
         self.dfa, self.g = DFA(NFA(tree)), grammars
         self.masks: dict[int, np.ndarray] = {}
-        # The DFA grows as requests reach new states, from the engine thread and from the threads that prepare
-        # requests (their first mask): one grows it at a time.
+        # The DFA grows as requests reach new states, on the engine thread and those preparing requests: one at a time.
         self.lock = threading.Lock()
 
     def mask(self, state: int) -> np.ndarray:
         with self.lock:
-            return self.mask_locked(state)
-
-    def mask_locked(self, state: int) -> np.ndarray:
-        if state not in self.masks:
-            if state < 0:  # TERMINATED, or -1: a pattern no string matches (its start state was pruned: fsm.py)
-                allowed = []
-            else:
-                allowed = allowed_tokens(self.dfa, state, self.g.trie)
-                allowed += self.g.eos_ids if self.dfa.accepting(state) else []
-            self.masks[state] = pack(allowed, self.g.vocab_size)
-        return self.masks[state]
+            if state not in self.masks:
+                if state < 0:  # TERMINATED, or -1: a pattern no string matches (its start state was pruned: fsm.py)
+                    allowed = []
+                else:
+                    allowed = allowed_tokens(self.dfa, state, self.g.trie)
+                    allowed += self.g.eos_ids if self.dfa.accepting(state) else []
+                self.masks[state] = pack(allowed, self.g.vocab_size)
+            return self.masks[state]
 
     def matcher(self) -> FSMMatcher:
         return FSMMatcher(self)
@@ -67,17 +59,14 @@ class FSMGrammar:
     def forced_text(self, state: int) -> str:
         """The text every match must continue with from ``state``: bytes while exactly one byte keeps it alive and
         the pattern cannot end there, cut to whole characters."""
-        with self.lock:
-            return self.forced_text_locked(state)
-
-    def forced_text_locked(self, state: int) -> str:
         data, dfa = bytearray(), self.dfa
-        while state >= 0 and not dfa.accepting(state) and len(data) < 256:
-            live = [b for b, nxt in enumerate(dfa.row(state)) if nxt >= 0]
-            if len(live) != 1:
-                break
-            data.append(live[0])
-            state = dfa.row(state)[live[0]]
+        with self.lock:
+            while state >= 0 and not dfa.accepting(state) and len(data) < 256:
+                live = [b for b, nxt in enumerate(dfa.row(state)) if nxt >= 0]
+                if len(live) != 1:
+                    break
+                data.append(live[0])
+                state = dfa.row(state)[live[0]]
         return bytes(data).decode("utf-8", errors="ignore")
 
 
@@ -117,8 +106,7 @@ class FSMMatcher:
 
 
 class Grammars:
-    """One tokenizer's compiled constraints (an LRU cache bounded in bytes), its token trie and its xgrammar
-    compiler."""
+    """One tokenizer's compiled constraints (an LRU cache bounded in bytes), its token trie and its compilers."""
 
     def __init__(self, folder: str, vocab_size: int, eos_ids: tuple[int, ...], cache_bytes: int = DEFAULT_MAX_BYTES):
         self.folder, self.vocab_size, self.eos_ids = folder, vocab_size, list(eos_ids)
@@ -139,8 +127,8 @@ class Grammars:
         return guidance_tokenizer(self.folder, self.vocab_size, self.eos_ids)
 
     def compile(self, so: StructuredOutputsParams, backend: str = "auto", budget_s: float | None = None):
-        """The compiled constraint (cached, bounded in bytes: grammar_cache.py); `InvalidParam` with the reason when
-        it cannot be enforced, or when it is not compiled within ``budget_s`` seconds (schema/compile_budget.py)."""
+        """The compiled constraint (cached: grammar_cache.py); `InvalidParam` saying why when it cannot be enforced,
+        or is not compiled within ``budget_s`` seconds (schema/compile_budget.py)."""
         key = (so.kind, json.dumps(so.schema, sort_keys=True) if so.kind == "json" else repr(getattr(so, so.kind)),
                so.disable_any_whitespace, backend)
         work = functools.partial(self.cache.get, key, lambda: self.build(so, backend))
@@ -150,9 +138,8 @@ class Grammars:
         return hit if hit is not None else self.budget.run(key, work, budget_s, so.kind)
 
     def build(self, so: StructuredOutputsParams, backend: str = "auto"):
-        """The one compile entry: ``backend`` "fsm", "xgrammar", "guidance", or "auto" (the hand-written automaton
-        for a choice or a simple pattern, then the backends in ``AUTO_ORDER``: the first that enforces the whole
-        constraint). `InvalidParam` naming the keyword, its place and why when none does."""
+        """The one compile entry: ``backend`` "fsm", "xgrammar", "guidance", or "auto" (the automaton for a choice or a
+        simple pattern, then the first of ``AUTO_ORDER`` that enforces it all); `InvalidParam` saying why when none."""
         if so.kind in ("choice", "regex") and backend in ("auto", "fsm"):
             try:
                 tree = ("alt", [literal(c) for c in so.choice]) if so.kind == "choice" else parse(so.regex)
@@ -184,8 +171,7 @@ GRAMMARS_LOCK = threading.Lock()  # requests are prepared on several threads
 
 def grammars_for(folder: str, vocab_size: int, eos_ids: tuple[int, ...],
                  cache_bytes: int = DEFAULT_MAX_BYTES) -> Grammars:
-    """One `Grammars` per tokenizer (and cache bound) in this process: the reference and every stage share its
-    compiled grammars."""
+    """One `Grammars` per tokenizer (and cache bound) in this process, shared by the reference and every stage."""
     key = (folder, vocab_size, eos_ids, cache_bytes)
     with GRAMMARS_LOCK:
         if key not in GRAMMARS:

@@ -1,16 +1,11 @@
 """A request's grammar as a logits processor: the mask for the next position, kept in step with the kept tokens.
 
-`GrammarConstraint` is the one processor stage 07 adds to a request (each sample of n > 1 its own). At each
-position it asks its matcher for the allowed tokens as a bitmask and sets every other logit to -inf, on the
-request's own row, so the result never depends on the batch; it follows the kept tokens (``accept``), takes back a
-rejected draft (``rollback``) and says when the structure is complete (``is_terminated``: an EOS was accepted where
-the grammar may end, which ends the request as EOS does).
-
-Its state has one driver, the request's `Sequence`: it accepts each kept token, and around a row of a step that
-assumes drafts kept it looks ahead along them and comes back (``Sequence.processed``). The one other reader,
-the forced-token proposer (forced.py), asks for the run the grammar forces (``forced_tokens``), which looks ahead
-and comes back inside this object. A mask is computed once per position: the masks the forced run passed through
-are kept for the runner's rows (``masks`` follows the path of tokens they were computed for).
+`GrammarConstraint`, stage 07's one processor (each sample of n > 1 its own), asks its matcher at each position for
+the allowed tokens as a bitmask and sets every other logit to -inf on the request's own row (never batch-dependent);
+it follows the kept tokens (``accept``), takes back a rejected draft (``rollback``) and says when the structure is
+complete (``is_terminated``: an EOS accepted where the grammar may end). Its one driver is the request's `Sequence`;
+a step's drafts and the forced run (``forced_tokens``, forced.py) are looked ahead along and come back. A mask is
+computed once per position: ``masks`` keeps those along the path they were made for, for the runner's rows.
 """
 from __future__ import annotations
 
@@ -25,17 +20,14 @@ from .fsm import pack
 
 KEEP_BEHIND = 64  # masks kept for positions already passed: a rollback never goes further back than a step's drafts
 
-
 # Each of a byte's 256 values as 8 additive biases, bit i -> entry i: 0.0 where the token is allowed, -inf where not.
 BYTE_BIAS = np.where((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1, 0.0, -np.inf).astype(np.float32)
 
 
 def apply_bitmask(row: torch.Tensor, words: np.ndarray) -> None:
-    """Set to -inf, in place, every logit whose bit is 0 in ``words`` (bit i of int32 word j: token 32 j + i).
-
-    On the CPU each byte of the mask is looked up as 8 biases and the biases are added to the row (x + 0 = x,
-    x + -inf = -inf): one table lookup and one add over the row, with no branch per token, about a third of the
-    time of unpacking a byte per token and a masked fill (``apply_bitmask_unpacked``; both give the same row)."""
+    """Set to -inf, in place, every logit whose bit is 0 in ``words`` (bit i of int32 word j: token 32 j + i). On the
+    CPU each mask byte is looked up as 8 biases added to the row (x + 0 = x, x + -inf = -inf): no branch per token,
+    a third of the time of ``apply_bitmask_unpacked`` (a byte per token, then a masked fill), the same row."""
     if row.device.type == "cpu":
         bias = np.take(BYTE_BIAS, words.view(np.uint8), axis=0).reshape(-1)[:row.numel()]
         np.add(row.numpy(), bias, out=row.numpy())
@@ -63,9 +55,7 @@ class GrammarConstraint(LogitsProcessor):
                  name: str = "structured_outputs"):
         self.matcher, self.eos_ids, self.name = matcher, eos_ids, name
         self.eos_mask = pack(eos_ids[:1], vocab_size)
-        # Another rule of the request can also ban tokens (allowed_token_ids, bad_words, min_tokens): then a row may
-        # be left with none, checked after this mask (it comes last in the chain).
-        self.check_empty = check_empty
+        self.check_empty = check_empty  # other rules ban tokens too: a row they leave empty is caught (this comes last)
         self.pos = 0  # tokens accepted
         self.live = 0  # of them, accepted by the matcher (all, unless the request failed)
         self.path: list[int] = []  # the tokens the memo below follows (the accepted ones, then any looked ahead)
@@ -75,11 +65,9 @@ class GrammarConstraint(LogitsProcessor):
 
     def mask(self) -> np.ndarray:
         """The allowed tokens at the current position, computed once per position."""
-        if len(self.masks) <= self.pos:
-            self.masks += [None] * (self.pos + 1 - len(self.masks))
-        if self.masks[self.pos] is None:
+        if len(self.masks) <= self.pos or self.masks[self.pos] is None:
             # Past the end (a row after an EOS that was drafted): EOS again, a defined row that is never kept.
-            self.masks[self.pos] = self.eos_mask if self.matcher.is_terminated() else self.matcher.fill()
+            self.put(self.eos_mask if self.matcher.is_terminated() else self.matcher.fill())
         return self.masks[self.pos]
 
     def pending(self):
@@ -112,9 +100,7 @@ class GrammarConstraint(LogitsProcessor):
         self.mask_calls += 1
 
     def accept(self, token: int) -> None:
-        if self.pos < len(self.path) and self.path[self.pos] == token:
-            pass  # the path the masks ahead were computed for
-        else:
+        if not (self.pos < len(self.path) and self.path[self.pos] == token):  # off the path the masks ahead are for
             del self.path[self.pos:], self.masks[self.pos + 1:]
             self.path.append(token)
             for q in [q for q in self.failures if q > self.pos]:
@@ -139,9 +125,8 @@ class GrammarConstraint(LogitsProcessor):
         return self.matcher.is_terminated()
 
     def forced_tokens(self, k: int, encode=None) -> tuple[list[int], int, int]:
-        """At most ``k`` tokens the grammar forces from where the request stands, and how many of them were forced
-        (a mask of one token) and spelled (forced text written as ``encode``, the tokenizer's, writes it); the state
-        is as it was after. Forced text is proposed as the tokenizer spells it, kept where the model agrees."""
+        """At most ``k`` tokens the grammar forces from where the request stands, and how many were forced (a mask of
+        one token) and spelled (forced text as ``encode``, the tokenizer, writes it); the state is as it was after."""
         if self.error or self.is_terminated():
             return [], 0, 0
         run, forced, spelled = [], 0, 0

@@ -2,12 +2,10 @@
 
 Stage 06's engine with one idea added: a request may carry a constraint (``SamplingParams(structured_outputs=...)``:
 a JSON schema, a regex, a choice, a grammar) and then gets a `GrammarConstraint` among its logits processors, which
-masks every token the grammar does not allow at that position (constraint.py). The engine changes in two named
-parts: its runner (masks.py) masks a step's constrained rows together, the masks filled in one call per backend,
-and reports log-probabilities of the masked distribution (vLLM's ``processed_logprobs``), and its
-scheduler, stage 06's, gets one more proposer at the front: the tokens a grammar forces, fed as drafts and
-verified in one step by exact match (forced.py). Everything else (batching, paging, kernels, streaming,
-speculation for the requests without a constraint) is the earlier stages'.
+masks every token the grammar does not allow (constraint.py). Two parts change: the runner masks a step's
+constrained rows together and reports the masked distribution's log-probabilities (masks.py), and stage 06's
+scheduler gets one more proposer at the front: the tokens a grammar forces, fed as drafts (forced.py). Everything
+else (batching, paging, kernels, streaming, speculation for the other requests) is the earlier stages'.
 """
 from __future__ import annotations
 
@@ -39,10 +37,9 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
     """Stage 06's engine with the grammar's forced tokens as its first proposer, and masked log-probabilities."""
     model = config.model.load(KernelLlama)  # stage 04
     blocks = kv_blocks(config, model)  # stage 03
-    options = config.structured_outputs
+    cfg = config.structured_outputs
     masks = BatchMasks(model.config.vocab_size)  # masks.py: a step's masks filled in one call per backend
-    proposers = [ForcedTokens(options.num_forced_tokens, tokenizer.encode, options.forced_budget_us,  # forced.py
-                              masks),
+    proposers = [ForcedTokens(cfg.num_forced_tokens, tokenizer.encode, cfg.forced_budget_us, masks),  # forced.py
                  *speculative_proposers(config, tokenizer, model, blocks)]  # stage 06's, for the other requests
     return LLMEngine(model, SpeculativeScheduler(config.scheduler, blocks, proposers,  # stage 06's scheduler
                                                  speculative_policy(config)),  # and its adaptive policy
@@ -51,9 +48,8 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
 
 
 class StructuredOutputs:
-    """What any front end needs to apply ``structured_outputs``: mixed in first into a `common.llm.LLM` subclass, as
-    the tests do for the reference and stages 03-06 (the same constraint, the same arithmetic), or, as this stage's
-    `LLM` does, its ``constraint_processors`` given to the front end it holds."""
+    """What any front end needs to apply ``structured_outputs``: mixed into a `common.llm.LLM` subclass (the tests
+    do, for the reference and stages 03-06), or its ``constraint_processors`` given to a held front end (this `LLM`)."""
 
     def constraint_processors(self, params: SamplingParams, request: Request) -> list[LogitsProcessor]:
         so = params.structured_outputs
@@ -82,11 +78,10 @@ class StructuredOutputs:
 
 
 class LLM(StructuredOutputs, HeldFrontEnd):
-    """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, applying
-    structured_outputs: each request's constraint comes from `StructuredOutputs` (given as ``constraints``)."""
+    """Stage 05's front end (``self.front``: streams, loop, server) over this stage's engine, each request's
+    constraint from `StructuredOutputs` (given as ``constraints``)."""
     build = staticmethod(build)
-    # What the shared command line and the ladder run this stage with (stages/cli.py's make_llm), as stage 06.
-    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})
+    command_line_defaults = MappingProxyType({"speculative_config": STAGE_DEFAULT})  # stages/cli.py's make_llm
 
     def __init__(self, model: str = DEFAULT_MODEL, **options):
         self.front = StreamingLLM(model, build=build, constraints=self.constraint_processors, **options)

@@ -1,15 +1,10 @@
 """Forced tokens for free: where the grammar allows exactly one next token, the engine knows it without sampling.
 
-After ``{"name": "Ada"`` a schema whose next key is ``age`` forces the text ``, "age": ``, and after the last value
-it forces ``}`` and then EOS. `ForcedTokens` is one more of stage 06's proposers (stages/06_speculative/proposer.py):
-it asks each constrained request's `GrammarConstraint` for the run its grammar forces (``forced_tokens``), and stage
-06's scheduler feeds that run as draft tokens (``Sequence.spec_token_ids``). The runner verifies drafts by exact
-match, so the tokens are exactly those of plain masked decoding, in fewer steps: a token whose mask allows nothing
-else is always kept; forced *text* is proposed as the tokenizer spells it, and kept where the model picks that
-spelling (a byte-level vocabulary spells ``"age"`` many ways, each allowed, so it is rarely one forced token).
-
-Stage 06's proposers still draft for the requests without a constraint; a constrained request takes its forced run
-instead (this proposer comes first and claims it), since a guess the grammar forbids can never be kept.
+After ``{"name": "Ada"`` a schema whose next key is ``age`` forces ``, "age": ``, and after the last value ``}`` and
+EOS. `ForcedTokens`, one more of stage 06's proposers, asks each constrained request's `GrammarConstraint` for the
+run its grammar forces (``forced_tokens``), fed as drafts and verified by exact match: the tokens of plain masked
+decoding, in fewer steps (forced text is proposed as the tokenizer spells it, kept where the model picks that
+spelling). It comes first and claims the constrained requests; stage 06's proposers draft for the others.
 """
 from __future__ import annotations
 
@@ -26,12 +21,9 @@ def constraint_of(seq: Sequence) -> GrammarConstraint | None:
 
 
 class ForcedTokens(Proposer):
-    """Proposes, for a request with a constraint, at most ``k`` tokens a step (``num_forced_tokens``; 0: none, plain
-    masked decoding): the tokens its grammar forces, and the forced text as ``encode`` (the tokenizer) spells it.
-
-    The look-ahead is bounded per step: a request's starts only while less than ``budget_us`` is spent (None: no
-    bound; 0: none), each step starting where the last stopped. Forcing only proposes: the same tokens with any
-    budget. ``masks`` (masks.py): every request's mask at its position filled first, in one call per backend."""
+    """At most ``k`` tokens a step (0: none) for a constrained request: those its grammar forces, then forced text as
+    ``encode`` spells it. A look-ahead starts only while under ``budget_us`` this step (None: no bound), the next step
+    going on from there (the same tokens). ``masks`` (masks.py): every mask filled first, in one call per backend."""
 
     def __init__(self, k: int, encode=None, budget_us: float | None = None, masks=None, clock=time.perf_counter):
         super().__init__(k)
@@ -57,6 +49,5 @@ class ForcedTokens(Proposer):
             runs[i], forced, spelled = rules[i].forced_tokens(ks[i], self.encode)
             self.forced, self.spelled, served = self.forced + forced, self.spelled + spelled, served + 1
         self.turn = first + served
-        self.seconds += self.clock() - start
-        self.served = served
+        self.seconds, self.served = self.seconds + self.clock() - start, served
         return runs

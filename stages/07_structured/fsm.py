@@ -3,11 +3,10 @@
 Three steps, the whole idea of guided generation (Willard & Louf 2023):
 1. the pattern (regex.py's tree) becomes a nondeterministic automaton over *bytes* (Thompson's construction; a
    character class becomes the UTF-8 byte sequences of its code points), read as a deterministic one whose states
-   are sets of NFA states, built as they are reached (`DFA.step`);
+   are sets of NFA states, built as they are reached (`DFA.row`);
 2. the vocabulary is a trie of token bytes (`Trie`), built once per tokenizer;
-3. the tokens a state allows are those whose every byte keeps the automaton alive: walk the trie and the
-   automaton together, dropping a whole subtree at the first byte that kills it (`allowed_tokens`). A token may
-   end anywhere inside a match; the EOS tokens are allowed where the pattern may end.
+3. a state allows the tokens whose every byte keeps the automaton alive: walk the trie and the automaton together,
+   dropping a subtree at the first byte that kills it (`allowed_tokens`); EOS where the pattern may end.
 A state's mask is computed the first time a request reaches it, then reused by every request of that pattern.
 """
 from __future__ import annotations
@@ -49,9 +48,8 @@ class NFA:
         self.live = self.reaching_accept()
 
     def reaching_accept(self) -> frozenset[int]:
-        """The states from which some byte sequence reaches the accepting state. The others are dead ends (a part
-        after an empty class, ``a[^\\s\\S]``): the DFA drops them, so a token that leads only into one is never
-        allowed, and a pattern no string matches has no token at its start (the server refuses it up front)."""
+        """The states from which some byte sequence reaches the accepting state; the DFA drops the others (dead ends,
+        ``a[^\\s\\S]``): a token leading only into one is never allowed, a pattern nothing matches is refused."""
         into: list[list[int]] = [[] for _ in self.eps]
         for s, (edges, eps) in enumerate(zip(self.edges, self.eps)):
             for t in [t for _, _, t in edges] + eps:

@@ -1,22 +1,13 @@
 """The compiled grammars a server keeps, bounded in bytes: least recently used out first.
 
-A compiled grammar is shared by every request that asks for the same constraint, so compiling it once pays off;
-but a count of entries bounds nothing: one distinct 275 KB JSON schema compiles to tens of MiB on SmolLM2's
-49,152-token vocabulary, and a client sending distinct schemas would grow the server until the machine swaps.
-So the cache counts bytes (``max_bytes``, 256 MiB by default; ``serve --grammar-cache-mb``) and, past them,
-drops the grammars used longest ago. It is the only cache of compiled grammars in the process: xgrammar's own
-compiler cache is turned off (backends.py), or every grammar would be held twice and one copy never bounded.
-
-What a grammar costs (`grammar_bytes`) is an estimate, documented as such:
-* xgrammar: 1.5 x its own ``memory_size_bytes``. Measured on SmolLM2's vocabulary (xgrammar 0.2.9, its cache off)
-  the process grew 1.2-1.25 x that figure per grammar kept (49 KB and 289 KB schemas); 1.5 x errs on the side of
-  keeping the process under the bound.
-* llguidance: ``GUIDANCE_BASE_BYTES`` plus ``GUIDANCE_FACTOR`` x its grammar's text. llguidance builds its
-  lexer lazily and reports no size; the figures are an estimate (see GUIDANCE_* below), not a measurement.
-* the hand-written automaton: its masks (one bit per vocabulary token per state reached), its DFA's rows (256
-  list slots of 8 bytes) and its NFA (about 200 bytes a state). It grows as requests reach new states, so it is
-  measured again whenever the cache is, not only when it enters.
-A request keeps its grammar alive while it runs, so an entry dropped here is freed when its last request ends.
+A compiled grammar is shared by every request asking for the same constraint, but a count of entries bounds
+nothing: one distinct 275 KB JSON schema compiles to tens of MiB on a 49,152-token vocabulary, and a client sending
+distinct schemas would grow the server until the machine swaps. So the cache counts bytes (``max_bytes``, 256 MiB by
+default; ``serve --grammar-cache-mb``) and drops the grammars used longest ago. It is the process's only cache of
+compiled grammars (xgrammar's own is off, backends.py), or every grammar would be held twice, one copy unbounded.
+A grammar's cost (`grammar_bytes`) is an estimate: xgrammar's, 1.5 x its ``memory_size_bytes`` (the process grew
+1.2-1.25 x that per grammar kept); llguidance's (it reports no size), a base plus a factor x its grammar's text; the
+automaton's, its masks, DFA rows and NFA states, measured again as it grows. A running request keeps its grammar.
 """
 from __future__ import annotations
 
@@ -44,9 +35,8 @@ def grammar_bytes(grammar) -> int:
 
 
 class GrammarCache:
-    """Key -> compiled grammar, least recently used first; the sum of `grammar_bytes` kept under ``max_bytes``
-    (the newest grammar is kept even when it alone is larger: its request needs it). Safe from several threads:
-    requests are prepared on worker threads."""
+    """Key -> compiled grammar, least recently used first, their `grammar_bytes` kept under ``max_bytes`` (the newest
+    kept even when larger alone: its request needs it). Thread-safe: requests are prepared on worker threads."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
         self.max_bytes = max_bytes

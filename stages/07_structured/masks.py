@@ -1,11 +1,9 @@
 """A step's masks off the critical path: filled in one call per backend, applied to all constrained rows at once.
 
-Row by row (constraint.py), each request's mask is a Python call, a fill and a row copy per step: nearly free at one
-request in flight, a real share of the step at 64 (vLLM batched its fills for +15%, vllm#51331). `BatchMasks.fill`
-fills many requests' masks at their positions into one [requests, words] array: xgrammar's rows with its
-`BatchGrammarMatcher`, llguidance's with its `LLExecutor`, the automaton's from its masks kept per state. The runner
-then masks every constrained row with one lookup and one add per request (`apply_masks`) and samples them without
-the per-row chain. Each mask is the one the per-row path computes (the same matcher state), so tokens do not change.
+Row by row (constraint.py), each request's mask costs a Python call, a fill and a row copy per step: a real share of
+the step at 64 requests (vLLM batched its fills for +15%, vllm#51331). `BatchMasks.fill` fills many masks into one
+array (xgrammar's `BatchGrammarMatcher`, llguidance's `LLExecutor`, the automaton's kept masks); `apply_masks` masks
+every constrained row at once. Each mask is the per-row path's (the same matcher state): the tokens do not change.
 """
 from __future__ import annotations
 
@@ -53,8 +51,7 @@ class BatchMasks:
 
 def apply_masks(logits: torch.Tensor, rows: list[int], masks: list[np.ndarray]) -> None:
     """-inf, in place, wherever a listed row's mask has a 0 bit (``rows`` ascending). On the CPU, constraint.py's
-    byte-to-biases lookup once for all rows, then one add per run of consecutive rows (xgrammar's CPU kernel took
-    several times longer: docs/structured.md); on CUDA, xgrammar's kernel."""
+    byte-to-biases lookup once (xgrammar's CPU kernel is slower: docs/structured.md); on CUDA, xgrammar's kernel."""
     words = np.stack(masks)
     if logits.device.type != "cpu":
         from xgrammar import apply_token_bitmask_inplace

@@ -1,10 +1,9 @@
 """A small regular-expression parser for the hand-written backend: the pattern as a tree of characters.
 
-It reads what ``choice`` and everyday patterns need: literals, escapes (``\\d \\w \\s``, their capitals, ``\\n``,
-``\\t``, an escaped punctuation mark, ``\\uXXXX``), classes (``[a-z_]``, ``[^"]``), ``.``, groups ``( )`` and
-``(?: )``, ``|``, and the repeats ``* + ? {n} {n,} {n,m}`` (a lazy ``?`` after one changes nothing: the whole
-output must match). ``^`` and ``$`` are allowed at the ends only. Anything else (a look-around, a back-reference,
-``\\b``, a Unicode property) raises `Unsupported`, and the request goes to xgrammar instead.
+It reads what ``choice`` and everyday patterns need: literals, escapes (``\\d \\w \\s``, capitals, ``\\n``, ``\\t``,
+an escaped punctuation mark, ``\\uXXXX``), classes (``[a-z_]``, ``[^"]``), ``.``, ``( )``, ``(?: )``, ``|``, repeats
+``* + ? {n} {n,} {n,m}`` (a lazy ``?`` changes nothing: the whole output must match), ``^`` and ``$`` at the ends;
+anything else (a look-around, a back-reference, ``\\b``, a Unicode property) raises `Unsupported`: xgrammar takes it.
 
 The tree: ``("set", [(lo, hi), ...])`` one character from these code point ranges; ``("cat", [...])``;
 ``("alt", [...])``; ``("repeat", node, min, max or None)``.

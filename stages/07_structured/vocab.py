@@ -1,9 +1,8 @@
 """The vocabulary as bytes: what each token id writes into the output, read from the model folder's tokenizer.json.
 
-A grammar speaks of characters, the model of tokens; both backends need, for every token id, the exact bytes it
-adds to the text. A byte-level BPE vocabulary (GPT-2's scheme: SmolLM2, Llama 3, Qwen) spells each byte as a
-printable character (a space is "Ġ"), so a token's bytes are its string mapped back through that table. Special
-tokens (``<|im_start|>``) write no text a grammar could match: they are None, never allowed inside a structure.
+A grammar speaks of characters, the model of tokens: the backends need each token's exact bytes. A byte-level BPE
+vocabulary (GPT-2's scheme: SmolLM2, Llama 3, Qwen) spells each byte as a printable character (a space is "Ġ"), so
+a token's bytes are its string mapped back. Special tokens (``<|im_start|>``) are None: never inside a structure.
 """
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def byte_decoder() -> dict[str, int]:
 
 @functools.cache
 def token_bytes(folder: str, vocab_size: int) -> tuple[bytes | None, ...]:
-    """Per token id below ``vocab_size`` (the model's, which may pad the tokenizer's): its bytes, or None for a special
-    token and an id the tokenizer does not have."""
+    """Each token id below ``vocab_size`` (the model's, maybe padded): its bytes, or None (special, or not there)."""
     data = json.loads((Path(folder) / "tokenizer.json").read_text(encoding="utf-8"))
     decoder = (data.get("decoder") or {}).get("type")
     if decoder != "ByteLevel":
