@@ -12,7 +12,7 @@ from collections import Counter, deque
 from common.sequence import Sequence
 
 ALPHA_MAX = 0.99  # a request that always matched is still not certain to
-EXPLORE_TRIES = 8  # scored drafts a proposer needs before its acceptance is its own, not the prior's
+EXPLORE_TRIES = 8  # scored drafts before a proposer's acceptance is its own: at the prior one might never be asked
 
 
 class StepCost:
@@ -143,9 +143,7 @@ class AdaptiveDrafts:
         self.pending.clear()
 
     def exploring(self, kind: str) -> bool:
-        """Whether ``kind`` has fewer than EXPLORE_TRIES scored drafts. A draft model is asked only for drafts that
-        pay at the acceptance the policy believes; starting from the prior (0.5) it may never be asked, and so never
-        learn that it agrees 97% of the time: while exploring, the scheduler asks it for one draft a request."""
+        """Fewer than EXPLORE_TRIES scored drafts: the scheduler then asks a draft model for one draft a request."""
         return self.kinds.get(kind, (0.0, 0.0))[1] < EXPLORE_TRIES
 
     def forget(self, seq_ids) -> None:

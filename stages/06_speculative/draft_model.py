@@ -51,7 +51,7 @@ class DraftModelProposer(Proposer):
                 if i in complete:
                     drafts[i].append(token)
                     feeds[i] = [token]
-            active, taken = [], 0  # blocks this pass already holds for the requests before
+            active, taken = [], 0  # blocks this pass holds for the requests before
             for i in complete:
                 if len(drafts[i]) < want[i] and self.room(self.states[i][1], 1, taken):
                     active.append(i)
@@ -122,13 +122,11 @@ class DraftModelProposer(Proposer):
         """Whether the pool takes ``n`` more of its tokens besides the ``taken`` blocks this pass holds for requests
         before it (each alone could fit and all together not), giving back preempted requests' KV if it must."""
         bm = self.block_manager
-        def fits():
-            return bm.blocks_needed(state, n) + taken <= bm.num_free_blocks
         for seq_id in [i for i, (s, _) in self.states.items() if s.num_cached_tokens == 0 and i != state.seq_id]:
-            if fits():
+            if bm.blocks_needed(state, n) + taken <= bm.num_free_blocks:
                 break
             self.drop(seq_id)
-        return fits()
+        return bm.blocks_needed(state, n) + taken <= bm.num_free_blocks
 
     def release(self) -> None:
         for seq_id in list(self.states):

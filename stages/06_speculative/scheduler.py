@@ -97,14 +97,10 @@ class SpeculativeScheduler(Scheduler):
             seq.spec_token_ids = drafts[seq.seq_id][:ks[seq.seq_id]]
 
     def explore(self, proposer: Proposer, seqs: list[Sequence]) -> int:
-        """1 draft a request while the policy still explores ``proposer`` (cost_model.py's `exploring`), if one pass
-        of it costs less than the step: a draft dearer than the target can never pay, so it is not worth learning."""
-        if not self.policy.exploring(type(proposer).__name__):
-            return 0
-        rows = sum(s.num_new_tokens for s in self.running)
-        dear = proposer.pass_cost is not None and proposer.pass_cost.seconds(len(seqs)) >= \
-            self.policy.cost.seconds(rows, rows)
-        return 0 if dear else 1
+        """1 draft a request while the policy explores ``proposer`` (cost_model.py), unless its pass costs a step."""
+        rows, cost = sum(s.num_new_tokens for s in self.running), proposer.pass_cost
+        cheap = cost is None or cost.seconds(len(seqs)) < self.policy.cost.seconds(rows, rows)
+        return int(cheap and self.policy.exploring(type(proposer).__name__))
 
     def choose(self, drafts: dict[int, list[int]], record: bool = True, priced: bool = False) -> dict[int, int]:
         """seq_id -> how many of its drafts the policy feeds (``priced``: not made yet, their draft passes priced)."""
