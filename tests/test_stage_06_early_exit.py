@@ -18,7 +18,7 @@ from common.prepare import resolve_model
 from common.validate import InvalidParam
 from test_stage_06_adaptive import Curve, expected_tokens
 from test_stage_06_speculative import (  # noqa: F401  (drafts_never_preempt: the autouse fixture, here too)
-    ALWAYS, Recorder, drafts_never_preempt, repetitive_workloads, same_outputs, spec_llm)
+    ALWAYS, Recorder, drafts_checked_against, drafts_never_preempt, repetitive_workloads, same_outputs, spec_llm)
 from workloads import examples
 
 spec = importlib.import_module("stages.06_speculative")
@@ -67,25 +67,7 @@ def test_the_cut_draft_drafts_what_an_n_layer_checkpoint_answers(reference, tmp_
     one request at a time: the cut keeps the right layers, and its N-layer KV cache is caught up and rolled back
     right. The target keeps the reference's tokens, under preemption, with n = 2 and seeded sampling."""
     oracle = ReferenceLLM(str(one_layer_folder(tmp_path)), dtype="bfloat16", quantization="int4")
-    prompts = [[5, 6, 7, 8, 9], [100, 200, 300], [17, 99, 5, 301, 2]]
-    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-              SamplingParams(temperature=0.8, seed=3, max_tokens=16, n=2),
-              SamplingParams(temperature=0, max_tokens=20, repetition_penalty=1.3)]
-    llm, checked = spec_llm({**EARLY, **ALWAYS}, blocks=16)
-    proposer = draft_of(llm)
-    propose, drafted = proposer.propose, []
-
-    def oracle_checked(seqs, ks):
-        drafts = propose(seqs, ks)
-        for seq, k, draft in zip(seqs, ks, drafts):
-            want = oracle.generate([seq.token_ids], SamplingParams(temperature=0, max_tokens=k, ignore_eos=True))[0]
-            assert draft == want.token_ids[:len(draft)], (seq.token_ids, draft, want.token_ids)
-            drafted.append(len(draft))
-        proposer.block_manager.audit([state for _, state in proposer.states.values()])
-        return drafts
-
-    proposer.propose = oracle_checked
-    same_outputs(llm.generate(prompts, params), reference.generate(prompts, params))
+    llm, checked, drafted = drafts_checked_against(oracle, reference, {**EARLY, **ALWAYS})
     assert sum(drafted) > 20 and checked.verify_steps > 0 and llm.stats.preemptions > 0
 
 

@@ -327,19 +327,30 @@ def test_the_draft_model_keeps_the_tokens_and_drafts_the_int4_models_own_greedy_
     of the request's tokens (a stale or misplaced draft KV would change it). The target's tokens are the
     reference's, under preemption, with n = 2 and seeded sampling."""
     int4 = ReferenceLLM("tiny", dtype="bfloat16", quantization="int4")
+    llm, checked, checked_drafts = drafts_checked_against(
+        int4, reference, {"method": "draft_model", "num_speculative_tokens": 3, **ALWAYS})
+    assert sum(checked_drafts) > 20 and llm.spec_stats.accepted > 0 and checked.rejections > 0
+    assert llm.stats.preemptions > 0
+
+
+def drafts_checked_against(oracle, reference, config):
+    """Stage 06 with ``config`` (a draft model) on three requests (greedy, seeded n = 2, a penalty) in a 16-block
+    pool that preempts: every draft must be ``oracle``'s one-request greedy continuation of the request's tokens,
+    the draft's pool must audit clean after each pass, and the tokens must be ``reference``'s. Returns the engine,
+    its verify checker and the draft lengths checked."""
     prompts = [[5, 6, 7, 8, 9], [100, 200, 300], [17, 99, 5, 301, 2]]
     params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
               SamplingParams(temperature=0.8, seed=3, max_tokens=16, n=2),
               SamplingParams(temperature=0, max_tokens=20, repetition_penalty=1.3)]
     expected = reference.generate(prompts, params)
-    llm, checked = spec_llm({"method": "draft_model", "num_speculative_tokens": 3, **ALWAYS}, blocks=16)
+    llm, checked = spec_llm(config, blocks=16)
     proposer = llm.engine.scheduler.proposers[-1]
     propose, checked_drafts = proposer.propose, []
 
     def oracle_checked(seqs, ks):
         drafts = propose(seqs, ks)
         for seq, k, draft in zip(seqs, ks, drafts):
-            want = int4.generate([seq.token_ids], SamplingParams(temperature=0, max_tokens=k, ignore_eos=True))[0]
+            want = oracle.generate([seq.token_ids], SamplingParams(temperature=0, max_tokens=k, ignore_eos=True))[0]
             assert draft == want.token_ids[:len(draft)], (seq.token_ids, draft, want.token_ids)
             checked_drafts.append(len(draft))
         proposer.block_manager.audit([state for _, state in proposer.states.values()])
@@ -347,8 +358,7 @@ def test_the_draft_model_keeps_the_tokens_and_drafts_the_int4_models_own_greedy_
 
     proposer.propose = oracle_checked
     same_outputs(llm.generate(prompts, params), expected)
-    assert sum(checked_drafts) > 20 and llm.spec_stats.accepted > 0 and checked.rejections > 0
-    assert llm.stats.preemptions > 0
+    return llm, checked, checked_drafts
 
 
 def test_the_shared_command_line_and_the_ladder_run_stage_06_with_speculation_on(reference):

@@ -8,6 +8,7 @@ every constrained row at once. Each mask is the per-row path's (the same matcher
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import numpy as np
 import torch
@@ -74,7 +75,7 @@ class StructuredRunner(ModelRunner):
         super().__init__(model, logprobs_mode="processed_logprobs")  # the masked distribution
         self.masks, self.marks, self.steps, self.mask_steps, self.filled_at = masks, [], 0, 0, 0.0
         self.costs = {"forward": 0.0, "apply": 0.0, "sampler": 0.0}  # seconds over all steps
-        self.mask_us: list[float] = []  # the last steps': their masks' time per constrained row, µs
+        self.mask_us: deque[float] = deque(maxlen=4096)  # the last steps' mask time per constrained row, µs
 
     def run(self, seqs, query_lens, cache):
         self.marks = [time.perf_counter()]
@@ -98,8 +99,7 @@ class StructuredRunner(ModelRunner):
             at += k
         if rows:
             apply_masks(logits, rows, masks)
-            self.mask_us = self.mask_us[-4095:] + [1e6 * (self.masks.seconds - self.filled_at + time.perf_counter()
-                                                          - filled) / len(rows)]  # the step's fills and apply
+            self.mask_us.append(1e6 * (self.masks.seconds - self.filled_at + time.perf_counter() - filled) / len(rows))
             self.mask_steps += 1
         self.filled_at, end = self.masks.seconds, time.perf_counter()
         self.costs["apply"] += end - filled
