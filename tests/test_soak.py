@@ -148,18 +148,23 @@ def test_a_short_soak_of_the_server_on_the_tiny_model_holds_the_verdict():
     `make test`: docs/measuring.md). Without 1 MB predictions: each burst of them steps RSS up (by 32 MiB once on
     the tiny model, docs/soak.md), which a window of under a minute cannot tell from growth; test_soak_probe.py and
     test_prepare_off_thread.py send them, and the hour judges their steps. The tiny model keeps it to about a
-    minute and a half."""
+    minute and a half. A 4 MiB KV pool (512 blocks), filled in the first seconds: the prefix cache keeps a hash
+    and the tokens of every block it has seen (about 0.5 KB a block, bounded by the pool), and the block manager
+    hands out never-used blocks before evicting cached ones, so with the soak's 256 MiB (32,768 tiny-model
+    blocks) that bookkeeping grew for the whole run: RSS less the pool +0.8% to +1.6% first third to last in three
+    3-minute runs here, and CI's failed the RSS check (docs/soak.md, 2026-12-07)."""
     from stages.bench.soak.__main__ import arguments, run_soak
     from stages.bench.soak.traffic import KINDS
     kinds = ",".join(k for k in KINDS if k != "big_prediction")
     minutes = "3" if profile() == "deep" else "1"
     args = arguments(["--minutes", minutes, "--concurrency", "12", "--model", "tiny", "--max-tokens", "24",
-                      "--sample-every", "2", "--grammar-cache-mb", "4", "--kinds", kinds])
+                      "--sample-every", "2", "--grammar-cache-mb", "4", "--kv-memory", "4MiB", "--kinds", kinds])
     result = run_soak(args)
     assert result["outcomes"]["ok"] > 100 and sum(result["counts"]["hostile"].values()) > 0
     assert "TTFT stable" in result["checks"]
-    assert [name for name, (ok, _) in result["checks"].items() if not ok] in ([], ["TTFT stable"]), \
-        (result["checks"], result["problems"][:5])
+    failed = {name: said for name, (ok, said) in result["checks"].items() if not ok}
+    assert list(failed) in ([], ["TTFT stable"]), "\n".join([f"{k}: {v}" for k, v in failed.items()]
+                                                             + [str(p) for p in result["problems"][:5]])
 
 
 def test_the_latency_table_compares_the_first_and_the_last_ten_minutes():
