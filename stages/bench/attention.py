@@ -11,6 +11,9 @@ HEADS (``heads/kv_heads``, default 9/3: SmolLM2's; 32/8 is Llama-3.2-1B's), LAYE
 which at long context stay in the caches between calls; 16 gives each call of a step its own layer's keys, cold as in
 an engine step, where the weights stream through the caches between layers). docs/native-kernels.md quotes its
 figures; docs/scale.md the long-context ones (``HEADS=32/8 LAYERS=16 THREADS=2 CASES=1x127,1x8191``).
+LAYOUT=head-major stores each layer's keys [kv_heads, blocks, block, d] instead of the paged cache's [blocks, kv_heads,
+block, d] (one head's keys contiguous; same bits, only the addresses change), to time what that layout would save;
+BLOCKS=in-order gives each request consecutive blocks (as a fresh pool hands them out) instead of shuffled ones.
 """
 from __future__ import annotations
 
@@ -47,16 +50,23 @@ def decode_step(kernel, dtype: torch.dtype, requests: int, past: int, heads: int
     block, d, context = 16, 64, past + 1
     need = -(-context // block)
     order = torch.randperm(requests * need + 2, generator=gen)
-    caches = [tuple(torch.randn(requests * need + 2, kv_heads, block, d, generator=gen).to(dtype).view(-1, block, d)
-                    for _ in range(2)) for _ in range(layers)]
+    if os.environ.get("BLOCKS") == "in-order":
+        order = torch.arange(requests * need + 2)
+    blocks, head_major = requests * need + 2, os.environ.get("LAYOUT") == "head-major"
+    caches = [tuple(torch.randn(blocks, kv_heads, block, d, generator=gen).to(dtype) for _ in range(2))
+              for _ in range(layers)]
+    if head_major:
+        caches = [tuple(x.transpose(0, 1).contiguous() for x in kv) for kv in caches]
+    caches = [tuple(x.view(-1, block, d) for x in kv) for kv in caches]
     q = torch.randn(requests, heads, d, generator=gen).to(dtype)
-    table = (order[:requests * need].view(requests, need) * kv_heads).numpy().astype(np.int64)
+    table = (order[:requests * need].view(requests, need) * (1 if head_major else kv_heads)).numpy().astype(np.int64)
+    head_stride = blocks if head_major else 1
     if kernel is None:
-        meta = AttentionMetadata.build([1] * requests, [context] * requests, heads, kv_heads, table, block, 1,
+        meta = AttentionMetadata.build([1] * requests, [context] * requests, heads, kv_heads, table, block, head_stride,
                                        native=False, head_dim=d, kv_dtype=dtype)
         return lambda: torch.cat([attention(q, kc, vc, meta) for kc, vc in caches])
     seq, pos, chunks = torch.arange(requests), torch.full((requests,), past), torch.from_numpy(table)
-    return lambda: torch.cat([kernel(q, kc, vc, seq, pos, chunks, kv_heads, 1) for kc, vc in caches])
+    return lambda: torch.cat([kernel(q, kc, vc, seq, pos, chunks, kv_heads, head_stride) for kc, vc in caches])
 
 
 def main(version: str) -> str:
