@@ -223,8 +223,9 @@ def test_compiled_attentions_vector_version_gives_the_portable_versions_bits(seq
 
 
 @pytest.mark.skipif(True not in IMPLEMENTATIONS, reason="the compiled CPU attention did not build here")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # float32 out: every rounding shows
 @pytest.mark.parametrize("context", [4096, 8192])
-def test_compiled_attention_at_long_context(context):
+def test_compiled_attention_at_long_context(context, dtype):
     """Issue 54's decode at 8k tokens of context, with few heads so it takes seconds: the kernel's vector version
     gives the portable reference's bits, on one thread as on two, and plain torch attention's values within
     rounding (a decode token at `context` and a 3-token prefill chunk at half of it, blocks shuffled)."""
@@ -232,8 +233,8 @@ def test_compiled_attention_at_long_context(context):
     nh, nkv, d = 8, 2, 64
     gen = torch.Generator().manual_seed(context)
     qlens, ctx = [1, 3], [context, context // 2 + 3]
-    store = PagedStorage(gen, ctx, nkv, d, 16, torch.bfloat16, 0.5)
-    q = randn(gen, sum(qlens), nh, d, dtype=torch.bfloat16)
+    store = PagedStorage(gen, ctx, nkv, d, 16, dtype, 0.5)
+    q = randn(gen, sum(qlens), nh, d, dtype=dtype)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
