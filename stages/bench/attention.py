@@ -6,7 +6,8 @@ VERSION: ``kernel`` (attention.cpp as this build runs it), ``portable`` (its ref
 ``tiles`` (the tensor-op attention, what runs where the kernel does not build), or the path of another build's
 library (e.g. an older one from ``$STEPWISE_HOME/native``). One version per process: CPython keeps one extension
 module per name, and every build of attention.cpp is named ``stepwise_attention``. Environment: THREADS (torch's
-threads, default 1), DTYPE (default bfloat16), CASES (``requests x keys-1``, default 1x160,8x160,32x160,32x500),
+threads, default 1), DTYPE (default bfloat16; float32 to compare versions bit for bit, since a bfloat16 output
+hides most float32 rounding changes), CASES (``requests x keys-1``, default 1x160,8x160,32x160,32x500),
 HEADS (``heads/kv_heads``, default 9/3: SmolLM2's; 32/8 is Llama-3.2-1B's), LAYERS (default 1: one layer's keys,
 which at long context stay in the caches between calls; 16 gives each call of a step its own layer's keys, cold as in
 an engine step, where the weights stream through the caches between layers). docs/native-kernels.md quotes its
