@@ -222,6 +222,36 @@ def test_compiled_attentions_vector_version_gives_the_portable_versions_bits(seq
     assert torch.equal(vector, portable)
 
 
+@pytest.mark.skipif(True not in IMPLEMENTATIONS, reason="the compiled CPU attention did not build here")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # float32 out: every rounding shows
+@pytest.mark.parametrize("context", [4096, 8192])
+def test_compiled_attention_at_long_context(context, dtype):
+    """Issue 54's decode at 8k tokens of context, with few heads so it takes seconds: the kernel's vector version
+    gives the portable reference's bits, on one thread as on two, and plain torch attention's values within
+    rounding (a decode token at `context` and a 3-token prefill chunk at half of it, blocks shuffled)."""
+    import os
+    nh, nkv, d = 8, 2, 64
+    gen = torch.Generator().manual_seed(context)
+    qlens, ctx = [1, 3], [context, context // 2 + 3]
+    store = PagedStorage(gen, ctx, nkv, d, 16, dtype, 0.5)
+    q = randn(gen, sum(qlens), nh, d, dtype=dtype)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        out = store.run(q, [0, 1], qlens, ctx, nh, True)
+        torch.set_num_threads(1)
+        assert torch.equal(store.run(q, [0, 1], qlens, ctx, nh, True), out)
+        os.environ["STEPWISE_ATTENTION_PORTABLE"] = "1"
+        assert torch.equal(store.run(q, [0, 1], qlens, ctx, nh, True), out)
+    finally:
+        os.environ.pop("STEPWISE_ATTENTION_PORTABLE", None)
+        torch.set_num_threads(threads)
+    for s, (start, n, c) in enumerate([(0, 1, ctx[0]), (1, 3, ctx[1])]):
+        k, v = store.keys(s, c)
+        expected = torch_attention(q[start:start + n], k, v, c - n)
+        torch.testing.assert_close(out[start:start + n].float(), expected, rtol=2e-2, atol=2e-2)
+
+
 @settings(max_examples=examples(30), deadline=None)
 @given(rows=st.integers(1, 40), pick=st.integers(0, 39), hidden=st.sampled_from([192, 576]),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-3, 1.0, 50.0]))

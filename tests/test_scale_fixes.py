@@ -1,7 +1,7 @@
 """What had to change for 0.5B-3B shapes and 8k prompts (issue 54), each against its own oracle: the checkpoint is
 not kept mapped after a load, tensor-op attention in bounded slices gives the bits of one call, the default KV
 pool fits the machine and a budget that cannot is refused saying what to set, a prompt over max_model_len says
-how to raise it."""
+how to raise it, and the decode-attention bench times each decode step."""
 import gc
 import re
 import sys
@@ -12,7 +12,7 @@ import torch
 
 from common import ReferenceLLM
 from common.loader import load_model
-from common.numerics import attention_tiles
+from common.numerics import attention_tiles, native
 from common.numerics.attention import AttentionMetadata, attention
 from stages.bench.make_model import make_model
 from stages.bench.shapes import get_shape, reduced
@@ -84,3 +84,17 @@ def test_a_prompt_over_max_model_len_says_the_limit_and_how_to_raise_it(bf16_fol
     assert out.finish_reason == "error"
     assert re.search("max_model_len is 64: shorten it to at most 63 tokens, or raise max_model_len .* above 80, up "
                      "to the model's context of 131,072 tokens", out.error)
+
+
+@pytest.mark.skipif(not native.load(), reason="the compiled CPU attention did not build here")
+def test_the_decode_attention_bench_times_each_decode_step_and_only_those(bf16_folder, capsys):
+    """stages.bench.decode_attention (why int4's time per token grew at 8k): one timed step per output token after
+    the first (the prefill gives that one), for each prompt; the wrapper it puts on the kernel is gone afterwards."""
+    from common.numerics.attention_native import NativeTable
+    from stages.bench import decode_attention
+    before = NativeTable.attention
+    decode_attention.main(["--model", str(bf16_folder), "--precision", "int4", "--prompts", "20,70", "--tokens", "5"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prompt")]
+    assert [re.match(r"prompt +(\d+):", line).group(1) for line in lines] == ["20", "70"]
+    assert all(line.endswith("(4 steps)") for line in lines), lines
+    assert NativeTable.attention is before

@@ -6,8 +6,15 @@ VERSION: ``kernel`` (attention.cpp as this build runs it), ``portable`` (its ref
 ``tiles`` (the tensor-op attention, what runs where the kernel does not build), or the path of another build's
 library (e.g. an older one from ``$STEPWISE_HOME/native``). One version per process: CPython keeps one extension
 module per name, and every build of attention.cpp is named ``stepwise_attention``. Environment: THREADS (torch's
-threads, default 1), DTYPE (default bfloat16), CASES (``requests x keys-1``, default 1x160,8x160,32x160,32x500).
-docs/native-kernels.md quotes its figures.
+threads, default 1), DTYPE (default bfloat16; float32 to compare versions bit for bit, since a bfloat16 output
+hides most float32 rounding changes), CASES (``requests x keys-1``, default 1x160,8x160,32x160,32x500),
+HEADS (``heads/kv_heads``, default 9/3: SmolLM2's; 32/8 is Llama-3.2-1B's), LAYERS (default 1: one layer's keys,
+which at long context stay in the caches between calls; 16 gives each call of a step its own layer's keys, cold as in
+an engine step, where the weights stream through the caches between layers). docs/native-kernels.md quotes its
+figures; docs/scale.md the long-context ones (``HEADS=32/8 LAYERS=16 THREADS=2 CASES=1x127,1x8191``).
+LAYOUT=head-major stores each layer's keys [kv_heads, blocks, block, d] instead of the paged cache's [blocks, kv_heads,
+block, d] (one head's keys contiguous; same bits, only the addresses change), to time what that layout would save;
+BLOCKS=in-order gives each request consecutive blocks (as a fresh pool hands them out) instead of shuffled ones.
 """
 from __future__ import annotations
 
@@ -35,23 +42,32 @@ def attention_of(version: str):
     return module.attention
 
 
-def decode_step(kernel, dtype: torch.dtype, requests: int, past: int):
-    """A function that runs one layer's attention for `requests` decode tokens, each after `past` keys."""
+def decode_step(kernel, dtype: torch.dtype, requests: int, past: int, heads: int = 9, kv_heads: int = 3,
+                layers: int = 1):
+    """A function that runs a step's attention, one call per layer, for `requests` decode tokens each after `past`
+    keys; it returns the layers' outputs, concatenated."""
     from common.numerics.attention import AttentionMetadata, attention
     gen = torch.Generator().manual_seed(0)
-    block, kv_heads, d, heads, context = 16, 3, 64, 9, past + 1
+    block, d, context = 16, 64, past + 1
     need = -(-context // block)
     order = torch.randperm(requests * need + 2, generator=gen)
-    k, v = (torch.randn(requests * need + 2, kv_heads, block, d, generator=gen).to(dtype) for _ in range(2))
+    if os.environ.get("BLOCKS") == "in-order":
+        order = torch.arange(requests * need + 2)
+    blocks, head_major = requests * need + 2, os.environ.get("LAYOUT") == "head-major"
+    caches = [tuple(torch.randn(blocks, kv_heads, block, d, generator=gen).to(dtype) for _ in range(2))
+              for _ in range(layers)]
+    if head_major:
+        caches = [tuple(x.transpose(0, 1).contiguous() for x in kv) for kv in caches]
+    caches = [tuple(x.view(-1, block, d) for x in kv) for kv in caches]
     q = torch.randn(requests, heads, d, generator=gen).to(dtype)
-    table = (order[:requests * need].view(requests, need) * kv_heads).numpy().astype(np.int64)
-    kc, vc = k.view(-1, block, d), v.view(-1, block, d)
+    table = (order[:requests * need].view(requests, need) * (1 if head_major else kv_heads)).numpy().astype(np.int64)
+    head_stride = blocks if head_major else 1
     if kernel is None:
-        meta = AttentionMetadata.build([1] * requests, [context] * requests, heads, kv_heads, table, block, 1,
+        meta = AttentionMetadata.build([1] * requests, [context] * requests, heads, kv_heads, table, block, head_stride,
                                        native=False, head_dim=d, kv_dtype=dtype)
-        return lambda: attention(q, kc, vc, meta)
+        return lambda: torch.cat([attention(q, kc, vc, meta) for kc, vc in caches])
     seq, pos, chunks = torch.arange(requests), torch.full((requests,), past), torch.from_numpy(table)
-    return lambda: kernel(q, kc, vc, seq, pos, chunks, kv_heads, 1)
+    return lambda: torch.cat([kernel(q, kc, vc, seq, pos, chunks, kv_heads, head_stride) for kc, vc in caches])
 
 
 def main(version: str) -> str:
@@ -60,10 +76,11 @@ def main(version: str) -> str:
     digest, cells = hashlib.sha256(), []
     for case in os.environ.get("CASES", "1x160,8x160,32x160,32x500").split(","):
         requests, past = map(int, case.split("x"))
-        call = decode_step(kernel, dtype, requests, past)
+        heads, kv_heads = map(int, os.environ.get("HEADS", "9/3").split("/"))
+        call = decode_step(kernel, dtype, requests, past, heads, kv_heads, int(os.environ.get("LAYERS", "1")))
         digest.update(call().view(torch.int32 if dtype == torch.float32 else torch.int16).numpy().tobytes())
         best = float("inf")
-        for _ in range(300 if requests < 16 else 60):
+        for _ in range(300 if requests * past < 16 * 500 else 60):
             start = time.perf_counter()
             call()
             best = min(best, time.perf_counter() - start)

@@ -99,8 +99,6 @@ void attend_one_avx512(const scalar_t* q, int group, const scalar_t* k_base, con
     for (; j < keys; ++j) m = sg[j] > m ? sg[j] : m;
     for (j = 0; j < keys; ++j) sg[j] = exp_nonpositive((sg[j] - m) * scale);
   }
-  for (int64_t j = 0; j < keys; ++j)  // each head's sum in key order; the heads' chains interleave
-    for (int g = 0; g < group; ++g) l[g] += scores[g * padded + j];
   std::fill(o, o + group * d, 0.0f);
   for (int64_t first = 0; first < keys; first += 16) {
     const int64_t n = std::min<int64_t>(16, keys - first);
@@ -109,12 +107,15 @@ void attend_one_avx512(const scalar_t* q, int group, const scalar_t* k_base, con
       __m512 ov[NV];
       for (int v = 0; v < NV; ++v) ov[v] = _mm512_loadu_ps(o + g * d + 16 * v);
       const float* w = scores + g * padded + first;
+      float lg = l[g];  // l, each head's sum in key order, here where the weights are read anyway
       for (int64_t j = 0; j < n; ++j) {
+        lg += w[j];
         const __m512 wj = _mm512_set1_ps(w[j]);
         for (int v = 0; v < NV; ++v)
           ov[v] = _mm512_add_ps(ov[v], _mm512_mul_ps(wj, _mm512_loadu_ps(block + j * d + 16 * v)));
       }
       for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o + g * d + 16 * v, ov[v]);
+      l[g] = lg;
     }
   }
   for (int g = 0; g < group; ++g)
