@@ -20,6 +20,8 @@ from .backend_xgrammar import XGrammarMatcher
 from .constraint import BYTE_BIAS, GrammarConstraint
 from .schema.checked import CheckedMatcher
 
+ROWS_AT_ONCE = 8  # rows whose biases are looked up at once: 8 rows of a 49,152-token vocabulary are 1.5 MB
+
 
 def only_constraint(seq) -> GrammarConstraint | None:
     """The request's grammar when it is its only rule (else its grammar must come last in its chain: per row)."""
@@ -51,8 +53,10 @@ class BatchMasks:
 
 
 def apply_masks(logits: torch.Tensor, rows: list[int], masks: list[np.ndarray]) -> None:
-    """-inf, in place, wherever a listed row's mask has a 0 bit (``rows`` ascending). On the CPU, constraint.py's
-    byte-to-biases lookup once (xgrammar's CPU kernel is slower: docs/structured.md); on CUDA, xgrammar's kernel."""
+    """-inf, in place, wherever a listed row's mask has a 0 bit. On the CPU, constraint.py's byte-to-biases lookup,
+    a few rows at a time into one buffer that stays in cache (the whole step's biases at once, tens of MB, went
+    through main memory: 2x slower at 192 rows); xgrammar's CPU kernel is slower still (docs/structured.md). On
+    CUDA, xgrammar's kernel."""
     words = np.stack(masks)
     if logits.device.type != "cpu":
         from xgrammar import apply_token_bitmask_inplace
@@ -60,12 +64,14 @@ def apply_masks(logits: torch.Tensor, rows: list[int], masks: list[np.ndarray]) 
         bitmask[rows] = torch.from_numpy(words)
         return apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=logits.shape[1],
                                            indices=rows)
-    bias = np.take(BYTE_BIAS, words.view(np.uint8), axis=0).reshape(len(rows), -1)[:, :logits.shape[1]]
-    out, first = logits.numpy(), 0
-    for j in range(1, len(rows) + 1):
-        if j == len(rows) or rows[j] != rows[j - 1] + 1:  # the end of a run of consecutive rows
-            np.add(out[rows[first]:rows[j - 1] + 1], bias[first:j], out=out[rows[first]:rows[j - 1] + 1])
-            first = j
+    out, width = logits.numpy(), logits.shape[1]
+    bias = np.empty((ROWS_AT_ONCE, words.shape[1] * 32), dtype=np.float32)  # reused: it stays in the core's cache
+    for first in range(0, len(rows), ROWS_AT_ONCE):
+        part = words[first:first + ROWS_AT_ONCE].view(np.uint8)
+        # mode="clip": numpy buffers a take with out= and the default mode="raise" (a byte is always a valid index)
+        np.take(BYTE_BIAS, part, axis=0, mode="clip", out=bias[:len(part)].reshape(len(part), -1, 8))
+        for row, row_bias in zip(rows[first:first + ROWS_AT_ONCE], bias):
+            np.add(out[row], row_bias[:width], out=out[row])
 
 
 class StructuredRunner(ModelRunner):
