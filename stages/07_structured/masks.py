@@ -2,8 +2,10 @@
 
 Row by row (constraint.py), each request's mask costs a Python call, a fill and a row copy per step: a real share of
 the step at 64 requests (vLLM batched its fills for +15%, vllm#51331). `BatchMasks.fill` fills many masks into one
-array (xgrammar's `BatchGrammarMatcher`, llguidance's `LLExecutor`, the automaton's kept masks); `apply_masks` masks
-every constrained row at once. Each mask is the per-row path's (the same matcher state): the tokens do not change.
+array (xgrammar's `BatchGrammarMatcher`, the automaton's kept masks, llguidance's one by one on the engine's thread:
+its `LLExecutor` hands them to a worker thread, which on two cores waits for a core torch's threads hold: slower,
+docs/structured.md); `apply_masks` masks every constrained row at once. Each mask is the per-row path's (the same
+matcher state): the tokens do not change.
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import torch
 
 from common.runner import ModelRunner
 
-from .backend_guidance import GuidanceMatcher
 from .backend_xgrammar import XGrammarMatcher
 from .constraint import BYTE_BIAS, GrammarConstraint
 from .schema.checked import CheckedMatcher
@@ -31,24 +32,22 @@ def only_constraint(seq) -> GrammarConstraint | None:
 
 class BatchMasks:
     def __init__(self, vocab_size: int):
-        self.words, self.xgrammar, self.executor = -(-vocab_size // 32), None, None  # the libraries on first use
+        self.words, self.xgrammar = -(-vocab_size // 32), None  # xgrammar's batch matcher on first use
         self.seconds = 0.0  # the fills' time (the stage's measurement)
 
     def fill(self, rules: list[GrammarConstraint]) -> None:
         start = time.perf_counter()
         todo = [(r, m.m if isinstance(m, CheckedMatcher) else m) for r in rules if (m := r.pending()) is not None]
-        out = np.zeros((len(todo), self.words), dtype=np.int32)
-        xg = [(i, m.m) for i, (_, m) in enumerate(todo) if isinstance(m, XGrammarMatcher)]
-        if xg:
+        if xg := [(rule, m.m) for rule, m in todo if isinstance(m, XGrammarMatcher)]:
             import xgrammar as xgr
+            out = np.zeros((len(xg), self.words), dtype=np.int32)
             self.xgrammar = self.xgrammar or xgr.BatchGrammarMatcher(max_threads=1)
-            self.xgrammar.batch_fill_next_token_bitmask([m for _, m in xg], torch.from_numpy(out), [i for i, _ in xg])
-        if gd := [(m.m, i) for i, (_, m) in enumerate(todo) if isinstance(m, GuidanceMatcher)]:
-            import llguidance as llg
-            self.executor = self.executor or llg.LLExecutor(num_threads=1)
-            self.executor.unsafe_compute_mask_ptr(gd, out.ctypes.data, self.words * 4, len(todo))
-        for i, (rule, m) in enumerate(todo):  # the automaton's fill is a lookup of its mask kept per state
-            rule.put(out[i] if isinstance(m, (XGrammarMatcher, GuidanceMatcher)) else m.fill())
+            self.xgrammar.batch_fill_next_token_bitmask([m for _, m in xg], torch.from_numpy(out))
+            for (rule, _), mask in zip(xg, out):
+                rule.put(mask)
+        for rule, m in todo:  # llguidance's on this thread (see above); the automaton's: its mask kept per state
+            if not isinstance(m, XGrammarMatcher):
+                rule.put(m.fill())
         self.seconds += time.perf_counter() - start
 
 
