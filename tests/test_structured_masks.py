@@ -90,6 +90,66 @@ def test_the_one_batched_apply_is_the_per_row_apply(grammars):
     assert torch.isinf(logits[rows]).any() and not torch.isinf(logits[[1, 2, 6]]).any()
 
 
+def test_the_apply_a_few_rows_at_a_time_is_the_per_row_apply_for_any_rows():
+    """More rows than one lookup takes (masks.ROWS_AT_ONCE), in any order, on logits narrower than the masks (a
+    vocabulary not a multiple of 32): each listed row is the per-row apply's, the others untouched."""
+    rng = np.random.default_rng(1)
+    width, n = TINY_VOCAB - 7, 3 * masks.ROWS_AT_ONCE + 5
+    words = [rng.integers(-2**31, 2**31, TINY_VOCAB // 32, dtype=np.int64).astype(np.int32) for _ in range(n)]
+    for w in words[::3]:  # some all-allowed and all-banned words, as inside a string and at a brace
+        w[rng.integers(0, len(w), 10)] = rng.choice([0, -1], 10)
+    logits = torch.randn(n + 9, width, generator=torch.Generator().manual_seed(2))
+    rows = [int(r) for r in rng.permutation(n + 9)[:n]]
+    expected = logits.clone()
+    for row, w in zip(rows, words):
+        constraint.apply_bitmask(expected[row], w)
+    masks.apply_masks(logits, rows, words)
+    assert torch.equal(logits, expected)
+
+
+class CountingMatcher:
+    """A matcher that counts the tokens it is given (to show a kept mask is reused, not recomputed)."""
+
+    def __init__(self, inner):
+        self.inner, self.accepted = inner, 0
+
+    def accept(self, token):
+        self.accepted += 1
+        return self.inner.accept(token)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("so, backend", MIX, ids=[b for _, b in MIX])
+def test_the_masks_along_a_looked_ahead_run_are_kept_and_equal_a_fresh_walk(grammars, so, backend):
+    """A run looked ahead (as forced.py does) and taken back: the runner's masks after each prefix of it
+    (``mask_after``) come from what the look-ahead kept, without stepping the matcher, and each equals the mask of a
+    fresh constraint walked along that prefix (the oracle); a prefix off the run is walked and still equals it."""
+    rng = random.Random(len(str(so)))
+    rule = rule_for(grammars, so, backend)
+    rule.matcher = CountingMatcher(rule.matcher)
+    run = []
+    while len(run) < 8 and not rule.is_terminated() and (allowed := np.flatnonzero(bits(rule.mask()))).size:
+        run.append(int(rng.choice(allowed)))
+        rule.accept(run[-1])
+    rule.mask()  # the mask after the whole run, as the look-ahead computes it
+    rule.rollback(len(run))
+    stepped = rule.matcher.accepted
+    for j in range(len(run) + 1):
+        fresh = rule_for(grammars, so, backend)
+        for token in run[:j]:
+            fresh.accept(token)
+        assert np.array_equal(bits(rule.mask_after(run[:j])), bits(fresh.mask())), (so, j)
+    assert rule.matcher.accepted == stepped  # every mask was kept: the matcher was not stepped again
+    if run:
+        other = next(t for t in range(TINY_VOCAB) if t != run[0] and t not in EOS)
+        fresh = rule_for(grammars, so, backend)
+        fresh.accept(other)
+        assert np.array_equal(bits(rule.mask_after([other])), bits(fresh.mask()))
+        assert rule.matcher.accepted == stepped + 1
+
+
 def mixed_requests():
     """Constrained (greedy, seeded, n=2, one with min_tokens beside its grammar: the per-row path) and unconstrained
     requests (repetitive prompts, so stage 06's n-gram proposer drafts for them)."""

@@ -80,7 +80,11 @@ class GrammarConstraint(LogitsProcessor):
         self.masks[self.pos] = mask
 
     def mask_after(self, ahead: list[int]) -> np.ndarray:
-        """The mask at the position after ``ahead`` (a step's drafts), looked ahead and come back."""
+        """The mask at the position after ``ahead`` (a step's drafts): kept from the look-ahead that proposed them
+        (no step through the matcher), else looked ahead and come back."""
+        end = self.pos + len(ahead)
+        if end < len(self.masks) and self.masks[end] is not None and self.path[self.pos:end] == ahead:
+            return self.masks[end]
         for token in ahead:
             self.accept(token)
         mask = self.mask()

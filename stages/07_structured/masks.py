@@ -2,8 +2,10 @@
 
 Row by row (constraint.py), each request's mask costs a Python call, a fill and a row copy per step: a real share of
 the step at 64 requests (vLLM batched its fills for +15%, vllm#51331). `BatchMasks.fill` fills many masks into one
-array (xgrammar's `BatchGrammarMatcher`, llguidance's `LLExecutor`, the automaton's kept masks); `apply_masks` masks
-every constrained row at once. Each mask is the per-row path's (the same matcher state): the tokens do not change.
+array (xgrammar's `BatchGrammarMatcher`, the automaton's kept masks, llguidance's one by one on the engine's thread:
+its `LLExecutor` hands them to a worker thread, which on two cores waits for a core torch's threads hold: slower,
+docs/structured.md); `apply_masks` masks every constrained row at once. Each mask is the per-row path's (the same
+matcher state): the tokens do not change.
 """
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ import torch
 
 from common.runner import ModelRunner
 
-from .backend_guidance import GuidanceMatcher
 from .backend_xgrammar import XGrammarMatcher
 from .constraint import BYTE_BIAS, GrammarConstraint
 from .schema.checked import CheckedMatcher
+
+ROWS_AT_ONCE = 8  # rows whose biases are looked up at once: 8 rows of a 49,152-token vocabulary are 1.5 MB
 
 
 def only_constraint(seq) -> GrammarConstraint | None:
@@ -29,30 +32,30 @@ def only_constraint(seq) -> GrammarConstraint | None:
 
 class BatchMasks:
     def __init__(self, vocab_size: int):
-        self.words, self.xgrammar, self.executor = -(-vocab_size // 32), None, None  # the libraries on first use
+        self.words, self.xgrammar = -(-vocab_size // 32), None  # xgrammar's batch matcher on first use
         self.seconds = 0.0  # the fills' time (the stage's measurement)
 
     def fill(self, rules: list[GrammarConstraint]) -> None:
         start = time.perf_counter()
         todo = [(r, m.m if isinstance(m, CheckedMatcher) else m) for r in rules if (m := r.pending()) is not None]
-        out = np.zeros((len(todo), self.words), dtype=np.int32)
-        xg = [(i, m.m) for i, (_, m) in enumerate(todo) if isinstance(m, XGrammarMatcher)]
-        if xg:
+        if xg := [(rule, m.m) for rule, m in todo if isinstance(m, XGrammarMatcher)]:
             import xgrammar as xgr
+            out = np.zeros((len(xg), self.words), dtype=np.int32)
             self.xgrammar = self.xgrammar or xgr.BatchGrammarMatcher(max_threads=1)
-            self.xgrammar.batch_fill_next_token_bitmask([m for _, m in xg], torch.from_numpy(out), [i for i, _ in xg])
-        if gd := [(m.m, i) for i, (_, m) in enumerate(todo) if isinstance(m, GuidanceMatcher)]:
-            import llguidance as llg
-            self.executor = self.executor or llg.LLExecutor(num_threads=1)
-            self.executor.unsafe_compute_mask_ptr(gd, out.ctypes.data, self.words * 4, len(todo))
-        for i, (rule, m) in enumerate(todo):  # the automaton's fill is a lookup of its mask kept per state
-            rule.put(out[i] if isinstance(m, (XGrammarMatcher, GuidanceMatcher)) else m.fill())
+            self.xgrammar.batch_fill_next_token_bitmask([m for _, m in xg], torch.from_numpy(out))
+            for (rule, _), mask in zip(xg, out):
+                rule.put(mask)
+        for rule, m in todo:  # llguidance's on this thread (see above); the automaton's: its mask kept per state
+            if not isinstance(m, XGrammarMatcher):
+                rule.put(m.fill())
         self.seconds += time.perf_counter() - start
 
 
 def apply_masks(logits: torch.Tensor, rows: list[int], masks: list[np.ndarray]) -> None:
-    """-inf, in place, wherever a listed row's mask has a 0 bit (``rows`` ascending). On the CPU, constraint.py's
-    byte-to-biases lookup once (xgrammar's CPU kernel is slower: docs/structured.md); on CUDA, xgrammar's kernel."""
+    """-inf, in place, wherever a listed row's mask has a 0 bit. On the CPU, constraint.py's byte-to-biases lookup,
+    a few rows at a time into one buffer that stays in cache (the whole step's biases at once, tens of MB, went
+    through main memory: 2x slower at 192 rows); xgrammar's CPU kernel is slower still (docs/structured.md). On
+    CUDA, xgrammar's kernel."""
     words = np.stack(masks)
     if logits.device.type != "cpu":
         from xgrammar import apply_token_bitmask_inplace
@@ -60,12 +63,14 @@ def apply_masks(logits: torch.Tensor, rows: list[int], masks: list[np.ndarray]) 
         bitmask[rows] = torch.from_numpy(words)
         return apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=logits.shape[1],
                                            indices=rows)
-    bias = np.take(BYTE_BIAS, words.view(np.uint8), axis=0).reshape(len(rows), -1)[:, :logits.shape[1]]
-    out, first = logits.numpy(), 0
-    for j in range(1, len(rows) + 1):
-        if j == len(rows) or rows[j] != rows[j - 1] + 1:  # the end of a run of consecutive rows
-            np.add(out[rows[first]:rows[j - 1] + 1], bias[first:j], out=out[rows[first]:rows[j - 1] + 1])
-            first = j
+    out, width = logits.numpy(), logits.shape[1]
+    bias = np.empty((ROWS_AT_ONCE, words.shape[1] * 32), dtype=np.float32)  # reused: it stays in the core's cache
+    for first in range(0, len(rows), ROWS_AT_ONCE):
+        part = words[first:first + ROWS_AT_ONCE].view(np.uint8)
+        # mode="clip": numpy buffers a take with out= and the default mode="raise" (a byte is always a valid index)
+        np.take(BYTE_BIAS, part, axis=0, mode="clip", out=bias[:len(part)].reshape(len(part), -1, 8))
+        for row, row_bias in zip(rows[first:first + ROWS_AT_ONCE], bias):
+            np.add(out[row], row_bias[:width], out=out[row])
 
 
 class StructuredRunner(ModelRunner):
