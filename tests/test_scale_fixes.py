@@ -89,12 +89,15 @@ def test_a_prompt_over_max_model_len_says_the_limit_and_how_to_raise_it(bf16_fol
 @pytest.mark.skipif(not native.load(), reason="the compiled CPU attention did not build here")
 def test_the_decode_attention_bench_times_each_decode_step_and_only_those(bf16_folder, capsys):
     """stages.bench.decode_attention (why int4's time per token grew at 8k): one timed step per output token after
-    the first (the prefill gives that one), for each prompt; the wrapper it puts on the kernel is gone afterwards."""
+    the first (the prefill gives that one), for each prompt, and the linears (int4 here) timed too; the wrappers it
+    puts on the kernel and on the linears are gone afterwards."""
     from common.numerics.attention_native import NativeTable
+    from common.numerics.invariant import RowTiled
     from stages.bench import decode_attention
-    before = NativeTable.attention
+    before, linear_call = NativeTable.attention, RowTiled.__call__
     decode_attention.main(["--model", str(bf16_folder), "--precision", "int4", "--prompts", "20,70", "--tokens", "5"])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prompt")]
     assert [re.match(r"prompt +(\d+):", line).group(1) for line in lines] == ["20", "70"]
     assert all(line.endswith("(4 steps)") for line in lines), lines
-    assert NativeTable.attention is before
+    assert all(float(re.search(r"linears +([\d.]+) ms", line).group(1)) > 0 for line in lines), lines
+    assert NativeTable.attention is before and RowTiled.__call__ is linear_call

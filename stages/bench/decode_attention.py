@@ -1,11 +1,14 @@
 """`python -m stages.bench.decode_attention --model FOLDER --precision int4 --prompts 128,8192`: one request at a
 time through stage 04, as the scale sweep runs it (bfloat16 activations and KV cache, the precision for the
-linears), printing each prompt's time per output token and how much of it the compiled attention took.
+linears), printing each prompt's time per output token and how much of a decode step the compiled attention, the
+linears (the projections, the MLP and the LM head, whatever their precision: `RowTiled.__call__`) and the rest took.
 
 Why: issue 54's time per token at 8k against 128 grew 2.49x with int4 weights and not with bfloat16 ones, on the
 same attention kernel over the same bfloat16 keys and values. This times the kernel's calls inside the decode steps
 (`NativeTable.attention`, wrapped in this process only) so that the attention's share is read directly rather than
-inferred from two sweep points. CPU only (where the compiled kernel runs). docs/scale.md quotes it.
+inferred from two sweep points; the linears are timed the same way, since a first run at 8k with bfloat16 linears
+left 28 ms a token outside the attention that this alone could not place (docs/scale.md, 2026-12-07: the linears
+were level on a rerun). CPU only (where the compiled kernel runs). docs/scale.md quotes it.
 """
 from __future__ import annotations
 
@@ -25,11 +28,11 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [int(p) for p in args.prompts.split(",")]
 
     from common import SamplingParams
-    from common.numerics import attention_native
+    from common.numerics import attention_native, invariant
     from stages import kernels
 
-    timed = {"seconds": 0.0, "calls": 0}
-    attend = attention_native.NativeTable.attention
+    timed = {"seconds": 0.0, "calls": 0, "linears": 0.0}
+    attend, linear_call = attention_native.NativeTable.attention, invariant.RowTiled.__call__
 
     def timed_attention(table, q, k_chunks, v_chunks):
         start = time.perf_counter()
@@ -39,7 +42,14 @@ def main(argv: list[str] | None = None) -> None:
             timed["calls"] += 1
         return out
 
-    attention_native.NativeTable.attention = timed_attention
+    def timed_linear(linear, x):
+        start = time.perf_counter()
+        out = linear_call(linear, x)
+        if x.shape[0] == 1:  # a decode step's row
+            timed["linears"] += time.perf_counter() - start
+        return out
+
+    attention_native.NativeTable.attention, invariant.RowTiled.__call__ = timed_attention, timed_linear
     try:
         quantization = None if args.precision == "bf16" else args.precision
         max_len = -(-(max(prompts) + args.tokens + 1) // 16) * 16
@@ -51,16 +61,18 @@ def main(argv: list[str] | None = None) -> None:
         llm.generate([[3, 4, 5, 6, 7, 8, 9, 10]], warm)  # as the sweep warms: no prompt shares its prefix
         for n in prompts:
             ids = np.random.default_rng(1234 + n).integers(11, 49152, n).tolist()
-            timed.update(seconds=0.0, calls=0)
+            timed.update(seconds=0.0, calls=0, linears=0.0)
             out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True))[0]
             if out.error:
                 raise SystemExit(f"prompt {n}: {out.error}")
             gaps = np.diff(out.metrics.token_times)
             steps = timed["calls"] / layers
+            attention, linears = 1e3 * timed["seconds"] / steps, 1e3 * timed["linears"] / steps
             print(f"prompt {n:5d}: TPOT {1e3 * np.median(gaps):6.1f} ms (p10 {1e3 * np.percentile(gaps, 10):.1f}), "
-                  f"attention {1e3 * timed['seconds'] / steps:6.2f} ms a decode step ({steps:.0f} steps)")
+                  f"attention {attention:6.2f} ms a decode step, linears {linears:6.2f} ms, the rest "
+                  f"{1e3 * np.mean(gaps) - attention - linears:5.2f} ms of the mean ({steps:.0f} steps)")
     finally:  # this process's other engines time nothing
-        attention_native.NativeTable.attention = attend
+        attention_native.NativeTable.attention, invariant.RowTiled.__call__ = attend, linear_call
 
 
 if __name__ == "__main__":
