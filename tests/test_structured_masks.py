@@ -90,9 +90,10 @@ def test_the_one_batched_apply_is_the_per_row_apply(grammars):
     assert torch.isinf(logits[rows]).any() and not torch.isinf(logits[[1, 2, 6]]).any()
 
 
-def test_the_apply_a_few_rows_at_a_time_is_the_per_row_apply_for_any_rows():
+def test_the_apply_a_few_rows_at_a_time_is_the_unpacked_apply_for_any_rows():
     """More rows than one lookup takes (masks.ROWS_AT_ONCE), in any order, on logits narrower than the masks (a
-    vocabulary not a multiple of 32): each listed row is the per-row apply's, the others untouched."""
+    vocabulary not a multiple of 32): each listed row is what the spelled-out apply (a byte per token, a masked
+    fill) gives, so nothing of one lookup reaches another row; the other rows untouched."""
     rng = np.random.default_rng(1)
     width, n = TINY_VOCAB - 7, 3 * masks.ROWS_AT_ONCE + 5
     words = [rng.integers(-2**31, 2**31, TINY_VOCAB // 32, dtype=np.int64).astype(np.int32) for _ in range(n)]
@@ -102,7 +103,7 @@ def test_the_apply_a_few_rows_at_a_time_is_the_per_row_apply_for_any_rows():
     rows = [int(r) for r in rng.permutation(n + 9)[:n]]
     expected = logits.clone()
     for row, w in zip(rows, words):
-        constraint.apply_bitmask(expected[row], w)
+        constraint.apply_bitmask_unpacked(expected[row], w)
     masks.apply_masks(logits, rows, words)
     assert torch.equal(logits, expected)
 

@@ -3,12 +3,11 @@ time through stage 04, as the scale sweep runs it (bfloat16 activations and KV c
 linears), printing each prompt's time per output token and how much of a decode step the compiled attention, the
 linears (the projections, the MLP and the LM head, whatever their precision: `RowTiled.__call__`) and the rest took.
 
-Why: issue 54's time per token at 8k against 128 grew 2.49x with int4 weights and not with bfloat16 ones, on the
-same attention kernel over the same bfloat16 keys and values. This times the kernel's calls inside the decode steps
-(`NativeTable.attention`, wrapped in this process only) so that the attention's share is read directly rather than
-inferred from two sweep points; the linears are timed the same way, since a first run at 8k with bfloat16 linears
-left 28 ms a token outside the attention that this alone could not place (docs/scale.md, 2026-12-07: the linears
-were level on a rerun). CPU only (where the compiled kernel runs). docs/scale.md quotes it.
+Why: issue 54 asks how the time per token grows from 128 to 8k tokens of context; two points of the scale sweep
+say only that it grew, not where. This times the pieces inside the decode steps (`NativeTable.attention` and the
+linears, wrapped in this process only) so that each share is read directly: where the time per token swings
+between runs on a shared VM, it shows which piece swung. CPU only (where the compiled kernel runs). docs/scale.md
+quotes it.
 """
 from __future__ import annotations
 
