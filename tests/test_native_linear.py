@@ -342,3 +342,30 @@ def test_a_rows_order_of_sums_shows_and_never_depends_on_the_call(kernel, kind, 
     # reversed, in x and in the weight alike) give other bits
     order = torch.cat([torch.arange(first + 1), torch.arange(first + 1, last).flip(0), torch.arange(last, in_features)])
     assert not torch.equal(build(kind, w[:, order]).matmul(x[:, order]), alone)
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "int8"])
+@pytest.mark.parametrize("out_features", [128, 80])
+def test_sixteen_rows_of_a_long_input_keep_every_rows_bits(kernel, kind, out_features):
+    """A down projection of the 1B shapes (8,192 inputs) at 16 rows, the decode step of 16 requests: the AVX-512
+    kernels take three passes over the rows (6, 6, 4) of weights that no longer fit L2 between them (64 outputs x
+    8,192 inputs of bfloat16 is 1 MiB), and no pass, tail or layout (interleaved by 4, or block after block for 80
+    outputs) may change a row: every row has the bits it has alone, order-revealing rows (+B w, later -B w) included,
+    and where the kernel's sums are the fused multiply-add chains (the FMA and portable kernels), the definition's
+    bits (linear_reference.dense) on some outputs, the ragged last block's among them."""
+    in_features = 8192
+    gen = torch.Generator().manual_seed(13)
+    w = torch.randn(out_features, in_features, generator=gen) * in_features ** -0.5
+    first, last = 1, in_features - 2
+    w[:, last] = w[:, first]
+    linear = build(kind, w)
+    x = torch.randn(16, in_features, generator=gen)
+    x[:, first], x[:, last] = 2.0 ** 20, -2.0 ** 20
+    x = x.bfloat16()
+    alone = torch.cat([linear.matmul(x[i:i + 1]) for i in range(16)])
+    for rows in (16, 13, 12, 7):
+        assert torch.equal(linear.matmul(x[:rows]), alone[:rows]), rows
+    if kind == "bfloat16" and kernel in ("AVX-512 FMA", PORTABLE):
+        outputs = torch.tensor([0, 37, out_features - 1])
+        expected = reference.dense(x.float(), w.bfloat16().float()[outputs], torch.bfloat16)
+        assert torch.equal(alone[:, outputs], expected)
