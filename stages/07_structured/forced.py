@@ -2,9 +2,9 @@
 
 After ``{"name": "Ada"`` a schema whose next key is ``age`` forces ``, "age": ``, and after the last value ``}`` and
 EOS. `ForcedTokens`, one more of stage 06's proposers, asks each constrained request's `GrammarConstraint` for the
-run its grammar forces (``forced_tokens``), fed as drafts and verified by exact match: the tokens of plain masked
-decoding, in fewer steps (forced text is proposed as the tokenizer spells it, kept where the model picks that
-spelling). It comes first and claims the constrained requests; stage 06's proposers draft for the others.
+run its grammar forces (``forced_tokens``), fed as drafts (those stage 06's policy finds worth their rows) and
+verified by exact match: plain masked decoding's tokens, in fewer steps (forced text is proposed as the tokenizer
+spells it, kept where the model picks that spelling). First, it claims the constrained requests; stage 06's, the rest.
 """
 from __future__ import annotations
 
