@@ -19,7 +19,7 @@ from common.validate import InvalidParam
 from stages import paged_kv
 from test_multi_token_steps import Checked, DraftingLLM, DraftingScheduler, answers
 from test_parallel_sampling import TINY_BYTES_PER_TOKEN
-from test_stage_06_adaptive import Curve
+from test_stage_06_adaptive import Curve, Jitter
 from workloads import TINY_VOCAB
 
 xgr = pytest.importorskip("xgrammar")
@@ -152,21 +152,21 @@ def test_forced_tokens_are_fed_where_rows_are_free_and_never_where_a_row_costs_a
     A forced row costs what a decode row costs, so where a step's time grows by a token's worth per row (compute-bound:
     64 in flight on a CPU) a draft that may miss (forced text as the tokenizer spells it) never pays: none is fed;
     where rows are free (one request: the step reads the weights once), every forced token is. Tokens: the reference's,
-    whatever is fed."""
+    whatever is fed (a cost that changes at random on every reading feeds arbitrary parts)."""
     prompts, params = requests()
     expected = [(o.token_ids, o.finish_reason) for r in structured_reference.generate(prompts, params)
                 for o in r.outputs]
     counts = {}
-    for a, b in ((0.0, 1.0), (1.0, 0.0)):
+    for name, cost in (("dear", Curve(0.0, 1.0)), ("free", Curve(1.0, 0.0)), ("jitter", Jitter(7))):
         llm = structured.LLM("tiny", dtype="bfloat16", max_num_seqs=4)
         policy = llm.engine.scheduler.policy
-        policy.cost = Curve(a, b)
+        policy.cost = cost
         got = llm.generate(prompts, params)
         assert [(o.token_ids, o.finish_reason) for r in got for o in r.outputs] == expected
-        counts[b] = (policy.counts["proposed"], policy.counts["fed"], llm.stats.drafted_tokens,
-                     llm.stats.accepted_tokens)
-    assert counts[1.0][0] > 0 and counts[1.0][1:] == (0, 0, 0)  # dear rows: proposed, never fed
-    assert counts[0.0][0] == counts[0.0][1] == counts[0.0][2] > 0 and counts[0.0][3] > 0  # free rows: all fed, kept
+        counts[name] = (policy.counts["proposed"], policy.counts["fed"], llm.stats.drafted_tokens,
+                        llm.stats.accepted_tokens)
+    assert counts["dear"][0] > 0 and counts["dear"][1:] == (0, 0, 0)  # proposed (exploring), never fed
+    assert counts["free"][0] == counts["free"][1] == counts["free"][2] > 0 and counts["free"][3] > 0  # all fed, kept
 
 
 class SameState:
