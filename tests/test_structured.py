@@ -19,6 +19,7 @@ from common.validate import InvalidParam
 from stages import paged_kv
 from test_multi_token_steps import Checked, DraftingLLM, DraftingScheduler, answers
 from test_parallel_sampling import TINY_BYTES_PER_TOKEN
+from test_stage_06_adaptive import Curve, Jitter
 from workloads import TINY_VOCAB
 
 xgr = pytest.importorskip("xgrammar")
@@ -113,6 +114,8 @@ def test_every_stage_gives_the_references_masked_tokens(structured_reference, st
     base = {"paged_kv": paged_kv, "kernels": kernels, "streaming": streaming, "structured": structured}[stage]
     llm = (structured.LLM if stage == "structured" else with_grammar(base.LLM))("tiny", dtype="bfloat16",
                                                                               max_num_seqs=4)
+    if stage == "structured":  # rows free (stage 06's policy prices forced drafts): every forced token is fed
+        llm.engine.scheduler.policy.cost = Curve(1.0, 0.0)
     prompts, params = requests()
     expected, got = structured_reference.generate(prompts, params), llm.generate(prompts, params)
     assert [(o.token_ids, o.finish_reason) for r in got for o in r.outputs] == \
@@ -134,10 +137,36 @@ def test_forced_tokens_take_fewer_steps_and_give_the_same_tokens():
     runs = {}
     for forced in (0, 16):
         llm = structured.LLM("tiny", dtype="bfloat16", num_forced_tokens=forced)
+        if forced:  # rows free: the policy feeds every forced token (measured, it decides; the test below)
+            llm.engine.scheduler.policy.cost = Curve(1.0, 0.0)
+        else:
+            assert llm.engine.scheduler.policy is None  # nothing drafts: nothing to price
         outs = llm.generate(prompts, params)
         runs[forced] = ([o.token_ids for o in outs], llm.num_steps, llm.stats.accepted_tokens)
     assert runs[0][0] == runs[16][0] and runs[0][2] == 0
     assert runs[16][1] < runs[0][1] and runs[16][2] > 0
+
+
+def test_forced_tokens_are_fed_where_rows_are_free_and_never_where_a_row_costs_a_token(structured_reference):
+    """Without a speculative_config, forced tokens are still drafts that stage 06's policy prices by the step cost.
+    A forced row costs what a decode row costs, so where a step's time grows by a token's worth per row (compute-bound:
+    64 in flight on a CPU) a draft that may miss (forced text as the tokenizer spells it) never pays: none is fed;
+    where rows are free (one request: the step reads the weights once), every forced token is. Tokens: the reference's,
+    whatever is fed (a cost that changes at random on every reading feeds arbitrary parts)."""
+    prompts, params = requests()
+    expected = [(o.token_ids, o.finish_reason) for r in structured_reference.generate(prompts, params)
+                for o in r.outputs]
+    counts = {}
+    for name, cost in (("dear", Curve(0.0, 1.0)), ("free", Curve(1.0, 0.0)), ("jitter", Jitter(7))):
+        llm = structured.LLM("tiny", dtype="bfloat16", max_num_seqs=4)
+        policy = llm.engine.scheduler.policy
+        policy.cost = cost
+        got = llm.generate(prompts, params)
+        assert [(o.token_ids, o.finish_reason) for r in got for o in r.outputs] == expected
+        counts[name] = (policy.counts["proposed"], policy.counts["fed"], llm.stats.drafted_tokens,
+                        llm.stats.accepted_tokens)
+    assert counts["dear"][0] > 0 and counts["dear"][1:] == (0, 0, 0)  # proposed (exploring), never fed
+    assert counts["free"][0] == counts["free"][1] == counts["free"][2] > 0 and counts["free"][3] > 0  # all fed, kept
 
 
 class SameState:

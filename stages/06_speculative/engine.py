@@ -61,10 +61,10 @@ def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: Ker
     return [PredictionProposer(tokenizer, k, off), method]
 
 
-def speculative_policy(config: EngineConfig) -> AdaptiveDrafts | None:
+def speculative_policy(config: EngineConfig, forced: bool = False) -> AdaptiveDrafts | None:
     """The adaptive policy (cost_model.py) unless ``enable_adaptive_verification`` is off (every draft fed)."""
-    spec = config.speculative
-    return AdaptiveDrafts() if spec is not None and spec.enable_adaptive_verification else None
+    spec = config.speculative  # None: a policy where ``forced`` (stage 07's forced tokens, drafts priced alike)
+    return AdaptiveDrafts() if (spec.enable_adaptive_verification if spec is not None else forced) else None
 
 
 def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:

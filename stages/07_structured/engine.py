@@ -42,7 +42,7 @@ def build(config: EngineConfig, tokenizer: Tokenizer) -> LLMEngine:
     proposers = [ForcedTokens(cfg.num_forced_tokens, tokenizer.encode, cfg.forced_budget_us, masks),  # forced.py
                  *speculative_proposers(config, tokenizer, model, blocks)]  # stage 06's, for the other requests
     return LLMEngine(model, SpeculativeScheduler(config.scheduler, blocks, proposers,  # stage 06's scheduler
-                                                 speculative_policy(config)),  # and its adaptive policy
+                                                 speculative_policy(config, cfg.num_forced_tokens > 0)),  # priced
                      paged_cache(model, blocks, config.cache.fused_attention),  # stage 04's cache
                      StructuredRunner(model, masks))  # masks.py: masks applied at once
 

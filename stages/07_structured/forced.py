@@ -2,9 +2,9 @@
 
 After ``{"name": "Ada"`` a schema whose next key is ``age`` forces ``, "age": ``, and after the last value ``}`` and
 EOS. `ForcedTokens`, one more of stage 06's proposers, asks each constrained request's `GrammarConstraint` for the
-run its grammar forces (``forced_tokens``), fed as drafts and verified by exact match: the tokens of plain masked
-decoding, in fewer steps (forced text is proposed as the tokenizer spells it, kept where the model picks that
-spelling). It comes first and claims the constrained requests; stage 06's proposers draft for the others.
+run its grammar forces (``forced_tokens``), fed as drafts (those stage 06's policy finds worth their rows) and
+verified by exact match: plain masked decoding's tokens, in fewer steps (forced text is proposed as the tokenizer
+spells it, kept where the model picks that spelling). First, it claims the constrained requests; stage 06's, the rest.
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ class ForcedTokens(Proposer):
     """At most ``k`` tokens a step (0: none) for a constrained request: those its grammar forces, then forced text as
     ``encode`` spells it. A look-ahead starts only while under ``budget_us`` this step (None: no bound), the next step
     going on from there (the same tokens). ``masks`` (masks.py): every mask filled first, in one call per backend."""
+    cheap = False  # a look-ahead walks the grammar: the policy asks only for the drafts it would feed (scheduler.py)
 
     def __init__(self, k: int, encode=None, budget_us: float | None = None, masks=None, clock=time.perf_counter):
         super().__init__(k)
         self.encode = encode  # the tokenizer's text -> ids; None: forced tokens alone
-        self.budget_us, self.masks, self.clock = budget_us, masks, clock
-        self.turn = 0  # where the next step's look-ahead starts
+        self.budget_us, self.masks, self.clock, self.turn = budget_us, masks, clock, 0  # turn: the next step's first
         self.forced = self.spelled = 0  # tokens proposed of each kind (the stage's measurement)
         self.seconds, self.served = 0.0, 0  # the look-ahead's time; the requests it looked ahead for, last step
 
