@@ -81,25 +81,27 @@ inline void key_scores(const float* qf, const scalar_t* const* rows, int n, floa
     if (j < n_ahead) prefetch_l2(ahead[j], d);
     for (int v = 0; v < NV; ++v) k[v] = j < n ? load16(rows[j] + 16 * v) : _mm512_setzero_ps();
     for (int g = 0; g < G; ++g) {
-      __m512 a = _mm512_setzero_ps();
-      for (int v = 0; v < NV; ++v) a = _mm512_add_ps(a, _mm512_mul_ps(qv[g][v], k[v]));
+      __m512 a = _mm512_mul_ps(qv[g][0], k[0]);  // not 0.0f + it: only the sign of a zero score differs
+      for (int v = 1; v < NV; ++v) a = _mm512_add_ps(a, _mm512_mul_ps(qv[g][v], k[v]));
       acc[g][j] = a;
     }
   }
   for (int g = 0; g < G; ++g) _mm512_storeu_ps(scores + g * padded, reduce16(acc[g]));
 }
 
-// G heads' o (d apart) += their weights w (g * padded apart, the 16 keys') times n value rows, in key order; l[g]
-// += the weights in key order.
+// G heads' o (d apart) += their weights times n value rows, in key order, and l[g] += the weights in key order;
+// the weights exp_nonpositive((s - m[g]) * scale) of the 16 keys' scores s (g * padded apart).
 template <typename scalar_t, int NV, int G>
-inline void weigh_values(float* o, const float* w, int64_t padded, const scalar_t* const* rows, int n, float* l,
-                         const scalar_t* const* ahead, int n_ahead) {
+inline void weigh_values(float* o, const float* s, int64_t padded, const float* m, float scale,
+                         const scalar_t* const* rows, int n, float* l, const scalar_t* const* ahead, int n_ahead) {
   constexpr int d = 16 * NV;
   __m512 ov[G][NV];
-  float lg[G];
+  float lg[G], w[G * 16];
   for (int g = 0; g < G; ++g) {
     for (int v = 0; v < NV; ++v) ov[g][v] = _mm512_loadu_ps(o + g * d + 16 * v);
     lg[g] = l[g];
+    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + g * padded), _mm512_set1_ps(m[g]));
+    _mm512_storeu_ps(w + 16 * g, exp16(_mm512_mul_ps(x, _mm512_set1_ps(scale))));
   }
   for (int j = n; j < n_ahead; ++j) prefetch_l2(ahead[j], d);
   for (int j = 0; j < n; ++j) {
@@ -107,7 +109,7 @@ inline void weigh_values(float* o, const float* w, int64_t padded, const scalar_
     __m512 x[NV];
     for (int v = 0; v < NV; ++v) x[v] = load16(rows[j] + 16 * v);
     for (int g = 0; g < G; ++g) {
-      const float wj = w[g * padded + j];
+      const float wj = w[16 * g + j];
       lg[g] += wj;
       const __m512 wv = _mm512_set1_ps(wj);
       for (int v = 0; v < NV; ++v) ov[g][v] = _mm512_add_ps(ov[g][v], _mm512_mul_ps(wv, x[v]));
@@ -155,11 +157,12 @@ void attend_one_avx512(const scalar_t* q, int group, const scalar_t* k_base, con
                        std::vector<float>& scratch, scalar_t* out) {
   constexpr int d = 16 * NV;  // the head dimension, 16 lanes at a time
   const int64_t padded = (keys + 15) / 16 * 16, groups = padded / 16;
-  scratch.resize(static_cast<size_t>(group) * (2 * d + padded + 1));
+  scratch.resize(static_cast<size_t>(group) * (2 * d + padded + 2));
   float* __restrict qf = scratch.data();
   float* __restrict scores = qf + group * d;
   float* __restrict o = scores + group * padded;
   float* __restrict l = o + group * d;
+  float* __restrict m = l + group;  // each head's maximum score
   widen_all(q, qf, group * d);
   const scalar_t* rows[16];
   // The keys' then the values' groups of 16 are one stream of 2 * groups; while group i of it is used, group
@@ -173,35 +176,33 @@ void attend_one_avx512(const scalar_t* q, int group, const scalar_t* k_base, con
                       : rows_of(v_base, chunks, head_offset, chunk_len, d, 16 * (i - groups), keys, ahead);
   };
   for (int64_t i = 0; i < PREFETCH_GROUPS && i < 2 * groups; ++i) {
-    const int m = prefetch(i);
-    for (int j = 0; j < m; ++j) prefetch_l2(ahead[j], d);
+    const int n_ahead = prefetch(i);
+    for (int j = 0; j < n_ahead; ++j) prefetch_l2(ahead[j], d);
   }
   for (int64_t i = 0; i < groups; ++i) {
-    const int m = prefetch(i + PREFETCH_GROUPS);
+    const int n_ahead = prefetch(i + PREFETCH_GROUPS);
     const int n = rows_of(k_base, chunks, head_offset, chunk_len, d, 16 * i, keys, rows);
     by_heads<scalar_t, NV>(group, [&](auto G, int g) {
-      key_scores<scalar_t, NV, G>(qf + g * d, rows, n, scores + g * padded + 16 * i, padded, ahead, g ? 0 : m);
+      key_scores<scalar_t, NV, G>(qf + g * d, rows, n, scores + g * padded + 16 * i, padded, ahead,
+                                  g ? 0 : n_ahead);
     });
   }
-  for (int g = 0; g < group; ++g) {  // the maximum (exact in any order), then the weights
+  for (int g = 0; g < group; ++g) {  // the maximum, exact in any order
     float* __restrict sg = scores + g * padded;
     __m512 mv = _mm512_set1_ps(sg[0]);
     int64_t j = 0;
     for (; j + 16 <= keys; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sg + j));
-    float m = _mm512_reduce_max_ps(mv);
-    for (; j < keys; ++j) m = sg[j] > m ? sg[j] : m;
-    const __m512 mm = _mm512_set1_ps(m), sc = _mm512_set1_ps(scale);
-    for (j = 0; j < padded; j += 16)
-      _mm512_storeu_ps(sg + j, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(sg + j), mm), sc)));
+    m[g] = _mm512_reduce_max_ps(mv);
+    for (; j < keys; ++j) m[g] = sg[j] > m[g] ? sg[j] : m[g];
     l[g] = 0.0f;
   }
   std::fill(o, o + group * d, 0.0f);
   for (int64_t i = 0; i < groups; ++i) {
-    const int m = prefetch(groups + i + PREFETCH_GROUPS);
+    const int n_ahead = prefetch(groups + i + PREFETCH_GROUPS);
     const int n = rows_of(v_base, chunks, head_offset, chunk_len, d, 16 * i, keys, rows);
     by_heads<scalar_t, NV>(group, [&](auto G, int g) {
-      weigh_values<scalar_t, NV, G>(o + g * d, scores + g * padded + 16 * i, padded, rows, n, l + g, ahead,
-                                    g ? 0 : m);
+      weigh_values<scalar_t, NV, G>(o + g * d, scores + g * padded + 16 * i, padded, m + g, scale, rows, n, l + g,
+                                    ahead, g ? 0 : n_ahead);
     });
   }
   for (int g = 0; g < group; ++g)
