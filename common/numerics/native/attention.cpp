@@ -36,8 +36,9 @@
 namespace {
 
 using stepwise::round_to;
-using stepwise::attn::exp_nonpositive;
 using stepwise::attn::prefetch_row;
+using stepwise::attn::prefetch_row_l2;
+using stepwise::attn::PREFETCH_GROUPS;
 using stepwise::attn::PREFETCH_KEYS;
 
 template <typename scalar_t>

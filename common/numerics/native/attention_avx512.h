@@ -1,5 +1,5 @@
 // attention.cpp's task (one query token x one KV head) on AVX-512, for a head dimension that is a multiple of 16.
-// Included by attention.cpp inside its namespace, after exp_nonpositive, widen_all and prefetch_row, which it uses
+// Included by attention.cpp inside its namespace, after widen_all and prefetch_row_l2, which it uses
 // (attention_core.h).
 #pragma once
 
@@ -18,17 +18,6 @@ inline __m512 load16(const at::BFloat16* p) {
 }
 inline __m512 load16(const at::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// EXPERIMENT
-static const int64_t PREFETCH_GROUPS = std::getenv("PFG") ? std::atoi(std::getenv("PFG")) : 2;
-static const int PF_HINT = std::getenv("PFH") ? std::atoi(std::getenv("PFH")) : 2;
-template <typename scalar_t>
-inline void prefetch_l2(const scalar_t* row, int d) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int b = 0; b < d * static_cast<int>(sizeof(scalar_t)); b += 64) {
-    if (PF_HINT == 3) __builtin_prefetch(p + b, 0, 3); else if (PF_HINT == 2) __builtin_prefetch(p + b, 0, 2); else __builtin_prefetch(p + b, 0, 1);
-  }
 }
 
 // a[j]: key j's 16 lane sums -> the 16 keys' dot products, in key order.
@@ -78,7 +67,7 @@ inline void key_scores(const float* qf, const scalar_t* const* rows, int n, floa
     for (int v = 0; v < NV; ++v) qv[g][v] = _mm512_loadu_ps(qf + g * d + 16 * v);
   for (int j = 0; j < 16; ++j) {
     __m512 k[NV];
-    if (j < n_ahead) prefetch_l2(ahead[j], d);
+    if (j < n_ahead) prefetch_row_l2(ahead[j], d);
     for (int v = 0; v < NV; ++v) k[v] = j < n ? load16(rows[j] + 16 * v) : _mm512_setzero_ps();
     for (int g = 0; g < G; ++g) {
       __m512 a = _mm512_mul_ps(qv[g][0], k[0]);  // not 0.0f + it: only the sign of a zero score differs
@@ -103,9 +92,9 @@ inline void weigh_values(float* o, const float* s, int64_t padded, const float* 
     const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + g * padded), _mm512_set1_ps(m[g]));
     _mm512_storeu_ps(w + 16 * g, exp16(_mm512_mul_ps(x, _mm512_set1_ps(scale))));
   }
-  for (int j = n; j < n_ahead; ++j) prefetch_l2(ahead[j], d);
+  for (int j = n; j < n_ahead; ++j) prefetch_row_l2(ahead[j], d);
   for (int j = 0; j < n; ++j) {
-    if (j < n_ahead) prefetch_l2(ahead[j], d);
+    if (j < n_ahead) prefetch_row_l2(ahead[j], d);
     __m512 x[NV];
     for (int v = 0; v < NV; ++v) x[v] = load16(rows[j] + 16 * v);
     for (int g = 0; g < G; ++g) {
@@ -177,7 +166,7 @@ void attend_one_avx512(const scalar_t* q, int group, const scalar_t* k_base, con
   };
   for (int64_t i = 0; i < PREFETCH_GROUPS && i < 2 * groups; ++i) {
     const int n_ahead = prefetch(i);
-    for (int j = 0; j < n_ahead; ++j) prefetch_l2(ahead[j], d);
+    for (int j = 0; j < n_ahead; ++j) prefetch_row_l2(ahead[j], d);
   }
   for (int64_t i = 0; i < groups; ++i) {
     const int n_ahead = prefetch(i + PREFETCH_GROUPS);

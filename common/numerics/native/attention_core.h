@@ -31,11 +31,21 @@ namespace attn {
 
 // Keys ahead of the one being read whose rows are requested from memory early. Prefetching changes no result.
 constexpr int64_t PREFETCH_KEYS = 16;
+// AVX-512's task asks for the rows of the group of 16 keys (or values) PREFETCH_GROUPS groups ahead, one row per
+// key it reads, into L2: on Zen 4, 32 prefetches into L1 at once stalled the core until their lines came (few L1
+// miss buffers), so the reads did not overlap the arithmetic (a layer of 8k keys, docs/scale.md).
+constexpr int64_t PREFETCH_GROUPS = 3;
 
 template <typename scalar_t>
 inline void prefetch_row(const scalar_t* row, int64_t d) {
   const char* p = reinterpret_cast<const char*>(row);
   for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
+template <typename scalar_t>
+inline void prefetch_row_l2(const scalar_t* row, int64_t d) {  // prefetcht1: into L2, not L1
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 2);
 }
 
 template <typename Cvt, typename scalar_t>
