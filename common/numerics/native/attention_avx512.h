@@ -127,19 +127,6 @@ inline void by_heads(int group, F&& f) {  // f(std::integral_constant<int, G>, f
   }
 }
 
-// The rows of keys first ... first + 15 (those before `keys`) of one head: rows[j]; returns how many.
-template <typename scalar_t>
-inline int rows_of(const scalar_t* base, const int64_t* chunks, int64_t head_offset, int64_t chunk_len, int d,
-                   int64_t first, int64_t keys, const scalar_t** rows) {
-  const int n = static_cast<int>(std::min<int64_t>(16, keys - first));
-  int64_t chunk = first / chunk_len, within = first % chunk_len;  // one division per 16 keys, not per key
-  for (int j = 0; j < n; ++j) {
-    rows[j] = base + ((chunks[chunk] + head_offset) * chunk_len + within) * d;
-    if (++within == chunk_len) within = 0, ++chunk;
-  }
-  return n;
-}
-
 template <typename scalar_t, int NV>
 void attend_one_avx512(const scalar_t* q, int group, const scalar_t* k_base, const scalar_t* v_base,
                        const int64_t* chunks, int64_t head_offset, int64_t chunk_len, int64_t keys, float scale,
@@ -159,12 +146,10 @@ void attend_one_avx512(const scalar_t* q, int group, const scalar_t* k_base, con
   // through the caches since this layer last ran), and one head's 16 keys are one run of 16 * d elements, the
   // next run a block of all KV heads further on, where the hardware's own prefetcher does not follow.
   const scalar_t* ahead[16];
-  auto prefetch = [&](int64_t i) -> int {  // the rows of the stream's group i, to ahead
-    if (i >= 2 * groups) return 0;
-    return i < groups ? rows_of(k_base, chunks, head_offset, chunk_len, d, 16 * i, keys, ahead)
-                      : rows_of(v_base, chunks, head_offset, chunk_len, d, 16 * (i - groups), keys, ahead);
+  auto prefetch = [&](int64_t i) {  // the rows of the stream's group i, to ahead
+    return stream_rows(k_base, v_base, chunks, head_offset, chunk_len, d, keys, i, ahead);
   };
-  for (int64_t i = 0; i < PREFETCH_GROUPS && i < 2 * groups; ++i) {
+  for (int64_t i = 0; i < PREFETCH_GROUPS; ++i) {
     const int n_ahead = prefetch(i);
     for (int j = 0; j < n_ahead; ++j) prefetch_row_l2(ahead[j], d);
   }

@@ -53,6 +53,29 @@ inline void widen_all(const scalar_t* __restrict src, float* __restrict dst, int
   for (int64_t i = 0; i < n; ++i) dst[i] = Cvt::widen(src[i]);
 }
 
+// The rows of keys first ... first + 15 (those before `keys`) of one head: rows[j]; returns how many.
+template <typename scalar_t>
+inline int rows_of(const scalar_t* base, const int64_t* chunks, int64_t head_offset, int64_t chunk_len, int d,
+                   int64_t first, int64_t keys, const scalar_t** rows) {
+  const int n = static_cast<int>(std::min<int64_t>(16, keys - first));
+  int64_t chunk = first / chunk_len, within = first % chunk_len;  // one division per 16 keys, not per key
+  for (int j = 0; j < n; ++j) {
+    rows[j] = base + ((chunks[chunk] + head_offset) * chunk_len + within) * d;
+    if (++within == chunk_len) within = 0, ++chunk;
+  }
+  return n;
+}
+
+// Group i of a task's stream of 2 * groups groups of 16 rows (its keys' groups, then its values'), as rows_of.
+template <typename scalar_t>
+inline int stream_rows(const scalar_t* k_base, const scalar_t* v_base, const int64_t* chunks, int64_t head_offset,
+                       int64_t chunk_len, int d, int64_t keys, int64_t i, const scalar_t** rows) {
+  const int64_t groups = (keys + 15) / 16;
+  if (i >= 2 * groups) return 0;
+  return i < groups ? rows_of(k_base, chunks, head_offset, chunk_len, d, 16 * i, keys, rows)
+                    : rows_of(v_base, chunks, head_offset, chunk_len, d, 16 * (i - groups), keys, rows);
+}
+
 // The reference: one key at a time, in the order above. `chunks` is the token's row of the chunk table (chunk c
 // holds positions c * chunk_len ... of KV head 0; this head's rows lie head_offset chunks further).
 template <typename Cvt, typename scalar_t>
@@ -112,29 +135,27 @@ void attend_block(const scalar_t* q, int group, const scalar_t* k_base, const sc
   float* __restrict l = o + group * d;
   float* __restrict block = l + group;  // 16 keys (or values) widened, [16][d]
   widen_all<Cvt>(q, qf, group * d);
-  const int64_t chunk_stride = chunk_len * d;
-  auto widen_group = [&](const scalar_t* base, int64_t first, int64_t n) {
-    if (first + PREFETCH_KEYS < keys) {  // the rows PREFETCH_KEYS keys ahead, on their way while these are used
-      const int64_t ahead = first + PREFETCH_KEYS, count = std::min<int64_t>(16, keys - ahead);
-      int64_t chunk = ahead / chunk_len, within = ahead % chunk_len;
-      for (int64_t j = 0; j < count; ++j) {
-        prefetch_row(base + (chunks[chunk] + head_offset) * chunk_stride + within * d, d);
-        if (++within == chunk_len) within = 0, ++chunk;
-      }
+  // The keys' then the values' groups of 16 are one stream, its group i + PREFETCH_GROUPS asked for (into L2, a
+  // row per row widened) while group i is widened, as attend_one_avx512 does (attention_avx512.h says why).
+  const int64_t groups = padded / 16;
+  const scalar_t *rows[16], *ahead[16];
+  auto widen_group = [&](const scalar_t* base, int64_t i, int64_t stream) {
+    const int n_ahead = stream_rows(k_base, v_base, chunks, head_offset, chunk_len, d, keys, stream, ahead);
+    const int n = rows_of(base, chunks, head_offset, chunk_len, d, 16 * i, keys, rows);
+    for (int j = 0; j < 16; ++j) {
+      if (j < n_ahead) prefetch_row_l2(ahead[j], d);
+      if (j < n) widen_all<Cvt>(rows[j], block + j * d, d);
+      else std::fill(block + j * d, block + (j + 1) * d, 0.0f);
     }
-    int64_t chunk = first / chunk_len, within = first % chunk_len;
-    for (int64_t j = 0; j < 16; ++j) {
-      if (j < n) {
-        widen_all<Cvt>(base + (chunks[chunk] + head_offset) * chunk_stride + within * d, block + j * d, d);
-        if (++within == chunk_len) within = 0, ++chunk;
-      } else {
-        std::fill(block + j * d, block + (j + 1) * d, 0.0f);
-      }
-    }
+    return n;
   };
-  for (int64_t first = 0; first < keys; first += 16) {
-    widen_group(k_base, first, std::min<int64_t>(16, keys - first));
-    for (int g = 0; g < group; ++g) key_sums<NV>(qf + g * d, block, scores + g * padded + first);
+  for (int64_t i = 0; i < PREFETCH_GROUPS; ++i) {
+    const int n = stream_rows(k_base, v_base, chunks, head_offset, chunk_len, d, keys, i, ahead);
+    for (int j = 0; j < n; ++j) prefetch_row_l2(ahead[j], d);
+  }
+  for (int64_t i = 0; i < groups; ++i) {
+    widen_group(k_base, i, i + PREFETCH_GROUPS);
+    for (int g = 0; g < group; ++g) key_sums<NV>(qf + g * d, block, scores + g * padded + 16 * i);
   }
   for (int g = 0; g < group; ++g) {
     float* __restrict sg = scores + g * padded;
@@ -144,10 +165,9 @@ void attend_block(const scalar_t* q, int group, const scalar_t* k_base, const sc
   for (int64_t j = 0; j < keys; ++j)  // each head's sum in key order; the heads' chains interleave
     for (int g = 0; g < group; ++g) l[g] += scores[g * padded + j];
   std::fill(o, o + group * d, 0.0f);
-  for (int64_t first = 0; first < keys; first += 16) {
-    const int64_t n = std::min<int64_t>(16, keys - first);
-    widen_group(v_base, first, n);
-    for (int g = 0; g < group; ++g) weigh_values<NV>(o + g * d, scores + g * padded + first, block, n);
+  for (int64_t i = 0; i < groups; ++i) {
+    const int n = widen_group(v_base, i, groups + i + PREFETCH_GROUPS);
+    for (int g = 0; g < group; ++g) weigh_values<NV>(o + g * d, scores + g * padded + 16 * i, block, n);
   }
   for (int g = 0; g < group; ++g)
     for (int i = 0; i < d; ++i) out[g * d + i] = Cvt::narrow(o[g * d + i] / l[g]);
