@@ -70,8 +70,8 @@ inline void key_scores(const float* qf, const scalar_t* const* rows, int n, floa
     if (j < n_ahead) prefetch_row_l2(ahead[j], d);
     for (int v = 0; v < NV; ++v) k[v] = j < n ? load16(rows[j] + 16 * v) : _mm512_setzero_ps();
     for (int g = 0; g < G; ++g) {
-      __m512 a = _mm512_mul_ps(qv[g][0], k[0]);  // not 0.0f + it: only the sign of a zero score differs
-      for (int v = 1; v < NV; ++v) a = _mm512_add_ps(a, _mm512_mul_ps(qv[g][v], k[v]));
+      __m512 a = _mm512_mul_ps(qv[g][0], k[0]);  // not fma(q, k, 0.0f): only a zero score's sign can differ
+      for (int v = 1; v < NV; ++v) a = _mm512_fmadd_ps(qv[g][v], k[v], a);
       acc[g][j] = a;
     }
   }
@@ -101,7 +101,7 @@ inline void weigh_values(float* o, const float* s, int64_t padded, const float* 
       const float wj = w[16 * g + j];
       lg[g] += wj;
       const __m512 wv = _mm512_set1_ps(wj);
-      for (int v = 0; v < NV; ++v) ov[g][v] = _mm512_add_ps(ov[g][v], _mm512_mul_ps(wv, x[v]));
+      for (int v = 0; v < NV; ++v) ov[g][v] = _mm512_fmadd_ps(wv, x[v], ov[g][v]);
     }
   }
   for (int g = 0; g < G; ++g) {

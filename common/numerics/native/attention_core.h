@@ -3,15 +3,18 @@
 //
 // One task = one query token x one KV head (the `group` query heads that share it), every reduction in one order
 // fixed by the source, never by the vector width:
-//   score_j = q . k_j   16 lanes over the head dimension, lane l summing products l, l+16, l+32 ... in order from
-//                       0.0f; then the lanes pairwise, halving: (l, l+8), (l, l+4), (l, l+2), (l, l+1); then, where
-//                       the head dimension is not a multiple of 16, the last products one by one (dot below)
+//   score_j = q . k_j   16 lanes over the head dimension, lane l accumulating products l, l+16, l+32 ... in order
+//                       from 0.0f, each by one fused multiply-add (acc = fma(q_i, k_i, acc)); then the lanes
+//                       pairwise, halving: (l, l+8), (l, l+4), (l, l+2), (l, l+1); then, where the head dimension
+//                       is not a multiple of 16, the last products one by one, fused the same way (dot below)
 //   m       = max_j score_j                  exact in any order
 //   w_j     = exp_nonpositive((score_j - m) * scale)
 //   l       = sum_j w_j                      in key order
-//   o       = sum_j w_j * v_j                in key order, each element of the head dimension apart
+//   o       = sum_j w_j * v_j                in key order, each element of the head dimension apart, from 0.0f:
+//                                            o_i = fma(w_j, v_ji, o_i)
 //   out     = o / l, rounded once to the output dtype
-// Every step is one float32 operation rounded alone (built with -ffp-contract=off: no multiply-add is fused), so
+// Every other step is one float32 operation rounded alone (built with -ffp-contract=off: the compiler fuses
+// nothing; the fused multiply-adds above are written out, std::fma, one rounding, so the same on every ISA), so
 // attend_portable (the reference) and attend_block (16 keys at a time through attention_lanes.h's AVX2, NEON or
 // plain versions) give the same bits on every ISA; only how many lanes one instruction holds changes.
 //
@@ -20,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -109,7 +113,7 @@ void attend_portable(const scalar_t* q, int group, int d, const scalar_t* k_base
     for (int64_t j = 0; j < n; ++j)
       for (int g = 0; g < group; ++g) {
         const float w = scores[g * keys + first + j];
-        for (int i = 0; i < d; ++i) o[g * d + i] += w * block[j * d + i];
+        for (int i = 0; i < d; ++i) o[g * d + i] = std::fma(w, block[j * d + i], o[g * d + i]);
       }
   }
   for (int g = 0; g < group; ++g) {
