@@ -36,9 +36,12 @@
 namespace {
 
 using stepwise::round_to;
-using stepwise::attn::exp_nonpositive;
 using stepwise::attn::prefetch_row;
+using stepwise::attn::prefetch_row_l2;
+using stepwise::attn::PREFETCH_GROUPS;
 using stepwise::attn::PREFETCH_KEYS;
+using stepwise::attn::rows_of;
+using stepwise::attn::stream_rows;
 
 template <typename scalar_t>
 struct Convert {  // the model dtype to float and back (bf16.h), as attention_core.h takes it

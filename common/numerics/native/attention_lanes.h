@@ -1,20 +1,23 @@
 // The arithmetic of attention_core.h's task, written once in plain C++ (the definition) and again for the vector
-// units that make it fast (AVX2, ARM NEON), each vector version making exactly the plain version's roundings in
-// the plain version's order. Torch-free. Built with -ffp-contract=off: no multiply and add are fused anywhere.
+// units that make it fast (AVX2 + FMA, ARM NEON), each vector version making exactly the plain version's roundings
+// in the plain version's order. Torch-free. Built with -ffp-contract=off: the only fused multiply-adds are the
+// ones written out (std::fma, one rounding: the same bits on every ISA that has them, and in software where not).
 //
-//   dot          q . k: lane l (of 16) sums products l, l+16, l+32 ... in order from 0.0f; the lanes pairwise,
-//                halving: (l, l+8), (l, l+4), (l, l+2), (l, l+1); then any products past the last 16 one by one
+//   dot          q . k: lane l (of 16) accumulates products l, l+16, l+32 ... in order from 0.0f, each by one
+//                fused multiply-add (acc = fma(q_i, k_i, acc)); the lanes pairwise, halving: (l, l+8), (l, l+4),
+//                (l, l+2), (l, l+1); then any products past the last 16 one by one, fused the same way
 //   key_sums     dot for 16 keys at once (d = 16 * NV): each key's 16 lane sums kept in registers (2 x 8 lanes on
 //                AVX2, 4 x 4 on NEON), the pairwise adds for several keys together through shuffles
-//   exp_scores   s_j = exp_nonpositive((s_j - m) * scale), each its own chain of float operations
-//   weigh_values o_i += w_j * v_ji for the keys in order, each element of the head dimension apart
+//   exp_scores   s_j = exp_nonpositive((s_j - m) * scale), each its own chain of float operations (nothing fused)
+//   weigh_values o_i = fma(w_j, v_ji, o_i) for the keys in order, each element of the head dimension apart
 //   max_of       exact in any order
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
@@ -60,9 +63,9 @@ inline float dot(const float* a, const float* b, int d) {
   float acc[LANES] = {0};
   int i = 0;
   for (; i + LANES <= d; i += LANES)
-    for (int l = 0; l < LANES; ++l) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < LANES; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
   float s = reduce_lanes(acc);
-  for (; i < d; ++i) s += a[i] * b[i];  // a head dimension that is not a multiple of 16: the rest in order
+  for (; i < d; ++i) s = std::fma(a[i], b[i], s);  // a head dimension that is not a multiple of 16: the rest in order
   return s;
 }
 
@@ -79,7 +82,7 @@ inline void exp_scores_portable(float* s, int64_t n, float m, float scale) {
 template <int NV>
 inline void weigh_values_portable(float* o, const float* w, const float* block, int64_t n) {
   for (int64_t j = 0; j < n; ++j)
-    for (int i = 0; i < 16 * NV; ++i) o[i] += w[j] * block[j * 16 * NV + i];
+    for (int i = 0; i < 16 * NV; ++i) o[i] = std::fma(w[j], block[j * 16 * NV + i], o[i]);
 }
 
 inline float max_of_portable(const float* s, int64_t n) {
@@ -88,7 +91,7 @@ inline float max_of_portable(const float* s, int64_t n) {
   return m;
 }
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
 template <int NV>
 inline void key_sums(const float* q, const float* block, float* out) {
   for (int half = 0; half < 2; ++half) {  // keys 8 * half ... 8 * half + 7
@@ -97,8 +100,8 @@ inline void key_sums(const float* q, const float* block, float* out) {
       const float* k = block + (8 * half + j) * 16 * NV;
       __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // lanes 0-7 and 8-15
       for (int v = 0; v < NV; ++v) {
-        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + 16 * v), _mm256_loadu_ps(k + 16 * v)));
-        hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + 16 * v + 8), _mm256_loadu_ps(k + 16 * v + 8)));
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * v), _mm256_loadu_ps(k + 16 * v), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * v + 8), _mm256_loadu_ps(k + 16 * v + 8), hi);
       }
       b[j] = _mm256_add_ps(lo, hi);  // (l, l+8)
     }
@@ -148,7 +151,7 @@ inline void weigh_values(float* o, const float* w, const float* block, int64_t n
   for (int64_t j = 0; j < n; ++j) {
     const __m256 wj = _mm256_set1_ps(w[j]);
     for (int v = 0; v < 2 * NV; ++v)
-      acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(wj, _mm256_loadu_ps(block + j * 16 * NV + 8 * v)));
+      acc[v] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(block + j * 16 * NV + 8 * v), acc[v]);
   }
   for (int v = 0; v < 2 * NV; ++v) _mm256_storeu_ps(o + 8 * v, acc[v]);
 }
@@ -173,7 +176,7 @@ inline void key_sums(const float* q, const float* block, float* out) {
       float32x4_t a[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
       for (int v = 0; v < NV; ++v)
         for (int u = 0; u < 4; ++u)  // lanes 4u ... 4u + 3
-          a[u] = vaddq_f32(a[u], vmulq_f32(vld1q_f32(q + 16 * v + 4 * u), vld1q_f32(k + 16 * v + 4 * u)));
+          a[u] = vfmaq_f32(a[u], vld1q_f32(q + 16 * v + 4 * u), vld1q_f32(k + 16 * v + 4 * u));
       c[j] = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));  // (l, l+8), then (l, l+4)
     }
     // (l, l+2): [key 0's 2 sums, key 1's], [key 2's, key 3's]; then (l, l+1) across the pairs: the 4 keys in order
@@ -215,7 +218,7 @@ inline void weigh_values(float* o, const float* w, const float* block, int64_t n
   for (int64_t j = 0; j < n; ++j) {
     const float32x4_t wj = vdupq_n_f32(w[j]);
     for (int v = 0; v < 4 * NV; ++v)
-      acc[v] = vaddq_f32(acc[v], vmulq_f32(wj, vld1q_f32(block + j * 16 * NV + 4 * v)));
+      acc[v] = vfmaq_f32(acc[v], wj, vld1q_f32(block + j * 16 * NV + 4 * v));
   }
   for (int v = 0; v < 4 * NV; ++v) vst1q_f32(o + 4 * v, acc[v]);
 }

@@ -65,11 +65,12 @@ void reference(const T* q, int group, int d, const T* k, const T* v, const int64
     for (int64_t j = 0; j < keys; ++j) {
       float lane[16] = {0};
       const int whole = d / 16 * 16;
-      for (int i = 0; i < whole; ++i) lane[i % 16] += Cvt::widen(q[g * d + i]) * Cvt::widen(row(k, j)[i]);
+      for (int i = 0; i < whole; ++i)
+        lane[i % 16] = std::fma(Cvt::widen(q[g * d + i]), Cvt::widen(row(k, j)[i]), lane[i % 16]);
       for (int half = 8; half >= 1; half /= 2)
         for (int l = 0; l < half; ++l) lane[l] = lane[l] + lane[l + half];
       float s = lane[0];
-      for (int i = whole; i < d; ++i) s += Cvt::widen(q[g * d + i]) * Cvt::widen(row(k, j)[i]);
+      for (int i = whole; i < d; ++i) s = std::fma(Cvt::widen(q[g * d + i]), Cvt::widen(row(k, j)[i]), s);
       w[j] = s;
     }
     float m = w[0];
@@ -77,7 +78,7 @@ void reference(const T* q, int group, int d, const T* k, const T* v, const int64
     float l = 0.0f;
     for (int64_t j = 0; j < keys; ++j) w[j] = stepwise::attn::exp_nonpositive((w[j] - m) * scale), l += w[j];
     for (int64_t j = 0; j < keys; ++j)
-      for (int i = 0; i < d; ++i) o[i] += w[j] * Cvt::widen(row(v, j)[i]);
+      for (int i = 0; i < d; ++i) o[i] = std::fma(w[j], Cvt::widen(row(v, j)[i]), o[i]);
     for (int i = 0; i < d; ++i) out[g * d + i] = Cvt::narrow(o[i] / l);
   }
 }
