@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from statistics import median
 
 from rich.console import Console
 from rich.table import Table
@@ -42,6 +43,7 @@ def main(argv=None) -> None:
     ap.add_argument("--forced-budget-us", type=float, default=2000,
                     help="the forced tokens' look-ahead a step: a request's starts while less is spent (-1: no bound)")
     ap.add_argument("--time-only", action="store_true", help="demo: the time per output token table alone")
+    ap.add_argument("--rounds", type=int, default=3, help="demo: the time per token's runs, taken in turn N times")
     ap.add_argument("--max-tokens", type=int, default=160, help="demo: tokens per answer at most")
     ap.add_argument("--structured-outputs-config.backend", dest="backend", default="auto",
                     choices=["auto", "xgrammar", "guidance", "fsm"], help="the grammar backend (vLLM's names)")
@@ -60,6 +62,8 @@ def main(argv=None) -> None:
     ap.add_argument("--api-key", default=None)
     xray.add_arguments(ap)  # demo: the schema suite's runs with forced tokens
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1 (got {args.rounds}): the runs are taken in turn that many times")
     if args.command == "coverage":
         return coverage_command(args)
     if args.command == "demo" and args.time_only:
@@ -142,10 +146,14 @@ def demo(llm, plain_llm, args, console: Console, recorder=None) -> None:
 
 def per_token(args, console: Console) -> None:
     """The JSON cases at each in-flight limit: unconstrained (the same number of tokens per request, EOS ignored),
-    constrained one token a step, constrained with forced tokens; with each piece's time per step (bench.pieces)."""
+    constrained one token a step, constrained with forced tokens; with each piece's time per step (bench.pieces).
+    The three runs take turns, --rounds times: this VM's speed drifts over a minute, so each round's ratio is taken
+    against that round's unconstrained run, and the median of the rounds is printed (the rounds' spread beside it)."""
     json_cases = [c for c in CASES if "json" in c[2]]
-    table = Table(title="time per output token, ms (after each request's first), and each piece's µs per step")
-    for col in ("in flight", "run", "ms / token", "vs unconstrained", "steps", *PIECES, "mask p99 / row"):
+    table = Table(title=f"time per output token, ms (after each request's first; the median of {args.rounds} "
+                        "rounds), and each piece's µs per step")
+    for col in ("in flight", "run", "ms / token", "vs unconstrained", "rounds' range", "steps", *PIECES,
+                "mask p99 / row"):
         table.add_column(col, justify="right")
     for limit in [int(x) for x in args.in_flight.split(",")]:
         plain_llm, llm = (make_llm(args, max_num_seqs=limit, num_forced_tokens=n) for n in (0, args.num_forced_tokens))
@@ -156,13 +164,21 @@ def per_token(args, console: Console) -> None:
         lengths = [len(o.token_ids) for o in plain_llm.generate(prompts, constrained)]  # also warms the grammar cache
         llm.generate(prompts, constrained)  # warm too: a cold prefix cache prefilled 2x the rows (docs/structured.md)
         free = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-        base = None
-        for name, engine, params in (("unconstrained", plain_llm, free), ("JSON schema", plain_llm, constrained),
-                                     ("JSON + forced", llm, constrained)):
-            before = pieces(engine)
-            ms, _, steps = time_per_token(engine, prompts, params)
-            cost, base = per_step(before, pieces(engine)), base or ms
-            table.add_row(str(limit), name, f"{ms:.2f}", f"{ms / base - 1:+.1%}", str(steps),
+        runs = (("unconstrained", plain_llm, free), ("JSON schema", plain_llm, constrained),
+                ("JSON + forced", llm, constrained))
+        got = {name: [] for name, _, _ in runs}  # name -> per round (ms, ratio, steps, cost)
+        for _ in range(args.rounds):
+            base = None  # this round's unconstrained ms / token
+            for name, engine, params in runs:
+                before = pieces(engine)
+                ms, _, steps = time_per_token(engine, prompts, params)
+                base = base or ms
+                got[name].append((ms, ms / base - 1, steps, per_step(before, pieces(engine))))
+        for name, rounds in got.items():
+            ratios = sorted(r[1] for r in rounds)
+            cost = {k: median([r[3][k] for r in rounds]) for k in (*PIECES, "mask p99")}
+            table.add_row(str(limit), name, f"{median([r[0] for r in rounds]):.2f}", f"{median(ratios):+.1%}",
+                          f"{ratios[0]:+.1%} .. {ratios[-1]:+.1%}", str(rounds[-1][2]),
                           *(f"{cost[k]:.0f}" for k in PIECES), f"{cost['mask p99']:.0f}")
     console.print(table)
 
