@@ -359,7 +359,7 @@ def test_the_mask_on_a_row_bans_exactly_the_tokens_whose_bit_is_zero(vocab):
 def test_the_time_per_token_table_takes_each_rounds_ratio_against_that_rounds_unconstrained_run(capsys, monkeypatch):
     """`--time-only` runs unconstrained, JSON and JSON + forced in turn, --rounds times, each round's ratio against
     its own unconstrained run: the unconstrained row reads +0.0% in every round; --rounds 0 is refused by name."""
-    main = importlib.import_module("stages.07_structured.__main__").main
+    main = importlib.import_module("stages.structured.__main__").main
     monkeypatch.setenv("COLUMNS", "250")  # one line a row
     main(["--time-only", "--model", "tiny", "--in-flight", "1,4", "--rounds", "2", "--max-tokens", "8"])
     rows = [line for line in capsys.readouterr().out.splitlines() if "│" in line]
