@@ -40,6 +40,7 @@ using stepwise::attn::prefetch_row;
 using stepwise::attn::prefetch_row_l2;
 using stepwise::attn::PREFETCH_GROUPS;
 using stepwise::attn::PREFETCH_KEYS;
+namespace expc = stepwise::attn::expc;  // exp_nonpositive's constants, for exp16
 using stepwise::attn::rows_of;
 using stepwise::attn::stream_rows;
 

@@ -42,15 +42,15 @@ inline __m512 reduce16(const __m512* a) {
 
 inline __m512 exp16(__m512 x) {  // exp_nonpositive, 16 at a time: the same operations in the same order
   const auto c = [](float v) { return _mm512_set1_ps(v); };
-  x = _mm512_max_ps(c(-87.0f), x);  // as x < -87 ? -87 : x (a NaN stays x)
-  const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, c(1.44269504088896341f)), c(12582912.0f)),
-                                 c(12582912.0f));
-  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, c(0.693359375f)));
-  r = _mm512_sub_ps(r, _mm512_mul_ps(n, c(-2.12194440e-4f)));
+  x = _mm512_max_ps(c(expc::LOWEST), x);  // as x < -87 ? -87 : x (a NaN stays x)
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, c(expc::LOG2E)), c(expc::ROUND)),
+                                 c(expc::ROUND));
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, c(expc::LN2_HI)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, c(expc::LN2_LO)));
   const __m512 z = _mm512_mul_ps(r, r);
-  __m512 p = c(1.9875691500e-4f);
-  for (const float k : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), c(k));
+  __m512 p = c(expc::POLY[0]);
+  for (int i = 1; i < 6; ++i)
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), c(expc::POLY[i]));
   p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, z), r), c(1.0f));
   const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));

@@ -29,20 +29,24 @@ namespace attn {
 constexpr int LANES = 16;
 
 // exp(x) for x <= 0 (Cephes' expf: Cody-Waite reduction by ln 2, degree-6 polynomial; ~1 ulp). Below -87 the
-// result is clamped near 0.
+// result is clamped near 0. Its constants, named once for the scalar, AVX2, NEON and AVX-512 versions, which take
+// the same operations in the same order:
+namespace expc {
+constexpr float LOWEST = -87.0f, ROUND = 12582912.0f;  // ROUND = 1.5 * 2^23: adding and subtracting it rounds
+constexpr float LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+constexpr float POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                           5.0000001201e-1f};  // p = POLY[0], then p = p * r + POLY[i]
+}  // namespace expc
+
 inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float round = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const float n = (x * 1.44269504088896341f + round) - round;
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
+  using namespace expc;
+  x = x < LOWEST ? LOWEST : x;
+  const float n = (x * LOG2E + ROUND) - ROUND;
+  float r = x - n * LN2_HI;
+  r = r - n * LN2_LO;
   const float z = r * r;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  float p = POLY[0];
+  for (int i = 1; i < 6; ++i) p = p * r + POLY[i];
   p = p * z + r + 1.0f;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float two_n;
@@ -122,15 +126,15 @@ inline void key_sums(const float* q, const float* block, float* out) {
 
 inline __m256 exp8(__m256 x) {  // exp_nonpositive, 8 at a time: the same operations in the same order
   const auto c = [](float v) { return _mm256_set1_ps(v); };
-  x = _mm256_max_ps(c(-87.0f), x);  // as x < -87 ? -87 : x (a NaN stays x)
-  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, c(1.44269504088896341f)), c(12582912.0f)),
-                                 c(12582912.0f));
-  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, c(0.693359375f)));
-  r = _mm256_sub_ps(r, _mm256_mul_ps(n, c(-2.12194440e-4f)));
+  x = _mm256_max_ps(c(expc::LOWEST), x);  // as x < -87 ? -87 : x (a NaN stays x)
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, c(expc::LOG2E)), c(expc::ROUND)),
+                                 c(expc::ROUND));
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, c(expc::LN2_HI)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, c(expc::LN2_LO)));
   const __m256 z = _mm256_mul_ps(r, r);
-  __m256 p = c(1.9875691500e-4f);
-  for (const float k : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), c(k));
+  __m256 p = c(expc::POLY[0]);
+  for (int i = 1; i < 6; ++i)
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), c(expc::POLY[i]));
   p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), c(1.0f));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
@@ -190,15 +194,15 @@ inline void key_sums(const float* q, const float* block, float* out) {
 
 inline float32x4_t exp4(float32x4_t x) {  // exp_nonpositive, 4 at a time: the same operations in the same order
   const auto c = [](float v) { return vdupq_n_f32(v); };
-  x = vbslq_f32(vcltq_f32(x, c(-87.0f)), c(-87.0f), x);  // x < -87 ? -87 : x
-  const float32x4_t n = vsubq_f32(vaddq_f32(vmulq_f32(x, c(1.44269504088896341f)), c(12582912.0f)),
-                                  c(12582912.0f));
-  float32x4_t r = vsubq_f32(x, vmulq_f32(n, c(0.693359375f)));
-  r = vsubq_f32(r, vmulq_f32(n, c(-2.12194440e-4f)));
+  x = vbslq_f32(vcltq_f32(x, c(expc::LOWEST)), c(expc::LOWEST), x);  // x < -87 ? -87 : x
+  const float32x4_t n = vsubq_f32(vaddq_f32(vmulq_f32(x, c(expc::LOG2E)), c(expc::ROUND)),
+                                  c(expc::ROUND));
+  float32x4_t r = vsubq_f32(x, vmulq_f32(n, c(expc::LN2_HI)));
+  r = vsubq_f32(r, vmulq_f32(n, c(expc::LN2_LO)));
   const float32x4_t z = vmulq_f32(r, r);
-  float32x4_t p = c(1.9875691500e-4f);
-  for (const float k : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = vaddq_f32(vmulq_f32(p, r), c(k));
+  float32x4_t p = c(expc::POLY[0]);
+  for (int i = 1; i < 6; ++i)
+    p = vaddq_f32(vmulq_f32(p, r), c(expc::POLY[i]));
   p = vaddq_f32(vaddq_f32(vmulq_f32(p, z), r), c(1.0f));
   const int32x4_t bits = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
   return vmulq_f32(p, vreinterpretq_f32_s32(bits));
