@@ -28,8 +28,19 @@ backends = importlib.import_module("stages.structured.backends")
 fsm = importlib.import_module("stages.structured.fsm")
 suite = importlib.import_module("stages.structured.suite")
 kernels, streaming = importlib.import_module("stages.04_kernels"), importlib.import_module("stages.05_streaming")
+structured_engine, cost_model = (importlib.import_module(f"stages.{m}") for m in ("structured.engine",
+                                                                                   "speculative.cost_model"))
 
 EOS = (2,)
+
+
+def priced_llm(cost, monkeypatch, **options):
+    """Stage 07's LLM whose policy (stage 06's AdaptiveDrafts, where the stage builds one) is constructed with the step
+    cost ``cost``, as test_stage_06_adaptive's adaptive_llm does: rows free or dear whatever this machine measures."""
+    real = importlib.import_module("stages.speculative").speculative_policy  # stage 06's, never a patched one
+    monkeypatch.setattr(structured_engine, "speculative_policy",
+                        lambda config, forced=False: real(config, forced) and cost_model.AdaptiveDrafts(cost))
+    return structured.LLM("tiny", dtype="bfloat16", **options)
 COMPACT = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
                                             "b": {"enum": ["red", "green"]}}, "required": ["a", "b"],
            "additionalProperties": False}
@@ -108,14 +119,13 @@ def requests():
 
 
 @pytest.mark.parametrize("stage", ["paged_kv", "kernels", "streaming", "structured"])
-def test_every_stage_gives_the_references_masked_tokens(structured_reference, stage):
+def test_every_stage_gives_the_references_masked_tokens(structured_reference, stage, monkeypatch):
     """The mask is part of the arithmetic every stage applies: the same constraint attached to the reference and to
     stages 03-05 (and stage 07's own, which also feeds forced tokens as drafts) gives the same tokens."""
     base = {"paged_kv": paged_kv, "kernels": kernels, "streaming": streaming, "structured": structured}[stage]
-    llm = (structured.LLM if stage == "structured" else with_grammar(base.LLM))("tiny", dtype="bfloat16",
-                                                                              max_num_seqs=4)
-    if stage == "structured":  # rows free (stage 06's policy prices forced drafts): every forced token is fed
-        llm.engine.scheduler.policy.cost = Curve(1.0, 0.0)
+    free = Curve(1.0, 0.0)  # stage 07: rows free for stage 06's policy, so every forced token is fed
+    llm = (priced_llm(free, monkeypatch, max_num_seqs=4) if stage == "structured"
+           else with_grammar(base.LLM)("tiny", dtype="bfloat16", max_num_seqs=4))
     prompts, params = requests()
     expected, got = structured_reference.generate(prompts, params), llm.generate(prompts, params)
     assert [(o.token_ids, o.finish_reason) for r in got for o in r.outputs] == \
@@ -129,17 +139,15 @@ def test_every_stage_gives_the_references_masked_tokens(structured_reference, st
         assert llm.stats.accepted_tokens > 0  # forced tokens were fed as drafts, and kept
 
 
-def test_forced_tokens_take_fewer_steps_and_give_the_same_tokens():
+def test_forced_tokens_take_fewer_steps_and_give_the_same_tokens(monkeypatch):
     so = {"json": COMPACT, "disable_any_whitespace": True}
     prompts = [[5, 6, 7], [9, 10, 11]]
     params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=so),
               SamplingParams(temperature=0.7, seed=5, max_tokens=40, structured_outputs={"choice": ["alpha beta"]})]
     runs = {}
     for forced in (0, 16):
-        llm = structured.LLM("tiny", dtype="bfloat16", num_forced_tokens=forced)
-        if forced:  # rows free: the policy feeds every forced token (measured, it decides; the test below)
-            llm.engine.scheduler.policy.cost = Curve(1.0, 0.0)
-        else:
+        llm = priced_llm(Curve(1.0, 0.0), monkeypatch, num_forced_tokens=forced)  # rows free: every forced token fed
+        if not forced:  # (measured, the policy decides: the test below)
             assert llm.engine.scheduler.policy is None  # nothing drafts: nothing to price
         outs = llm.generate(prompts, params)
         runs[forced] = ([o.token_ids for o in outs], llm.num_steps, llm.stats.accepted_tokens)
@@ -147,7 +155,8 @@ def test_forced_tokens_take_fewer_steps_and_give_the_same_tokens():
     assert runs[16][1] < runs[0][1] and runs[16][2] > 0
 
 
-def test_forced_tokens_are_fed_where_rows_are_free_and_never_where_a_row_costs_a_token(structured_reference):
+def test_forced_tokens_are_fed_where_rows_are_free_and_never_where_a_row_costs_a_token(structured_reference,
+                                                                                        monkeypatch):
     """Without a speculative_config, forced tokens are still drafts that stage 06's policy prices by the step cost.
     A forced row costs what a decode row costs, so where a step's time grows by a token's worth per row (compute-bound:
     64 in flight on a CPU) a draft that may miss (forced text as the tokenizer spells it) never pays: none is fed;
@@ -158,9 +167,8 @@ def test_forced_tokens_are_fed_where_rows_are_free_and_never_where_a_row_costs_a
                 for o in r.outputs]
     counts = {}
     for name, cost in (("dear", Curve(0.0, 1.0)), ("free", Curve(1.0, 0.0)), ("jitter", Jitter(7))):
-        llm = structured.LLM("tiny", dtype="bfloat16", max_num_seqs=4)
+        llm = priced_llm(cost, monkeypatch, max_num_seqs=4)
         policy = llm.engine.scheduler.policy
-        policy.cost = cost
         got = llm.generate(prompts, params)
         assert [(o.token_ids, o.finish_reason) for r in got for o in r.outputs] == expected
         counts[name] = (policy.counts["proposed"], policy.counts["fed"], llm.stats.drafted_tokens,
