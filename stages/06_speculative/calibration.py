@@ -34,7 +34,8 @@ def calibrate(llm) -> None:
     sched, bm, policy = llm.engine.scheduler, llm.engine.scheduler.block_manager, llm.engine.scheduler.policy
     if policy is None:
         return
-    k = llm.engine_config.speculative.num_speculative_tokens
+    spec = llm.engine_config.speculative
+    k = max(spec.num_speculative_tokens, spec.prediction_k)  # the longest draft a request may feed
     max_tokens = 2 + 4 * (k + 1)  # room for every measured step's drafts (a run of random ones keeps 1 a step)
     per_seq = -(-(PROMPT_TOKENS + max_tokens) // bm.block_size)  # blocks a request holds at most
     most_seqs = min(sched.max_num_seqs, 64, max(1, (bm.num_free_blocks - 1) // per_seq))
