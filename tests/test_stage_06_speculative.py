@@ -294,6 +294,19 @@ def test_predictions_keep_the_tokens_for_every_sample_and_count_what_they_drafte
     assert sum(s.num_accepted_tokens for s in samples) == llm.spec_stats.accepted
 
 
+def test_a_prediction_the_output_has_left_yields_to_the_methods_proposer(reference):
+    """A prediction sharing no token with the answer drafts nothing; the n-gram lookup drafts for the request
+    instead (the answer repeats its prompt), and the tokens are the reference's."""
+    prompt, params = [5, 6, 7, 8] * 5, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    answer = reference.generate([prompt], params)[0].token_ids
+    tok = reference.tokenizer
+    params.prediction = next(text for text in (tok.decode([t]) * 20 for t in range(300, 1024))
+                             if not set(tok.encode(text)) & set(answer))  # no token of it in the answer
+    llm, checked = spec_llm()
+    same_outputs(llm.generate([prompt], params), reference.generate([prompt], params))
+    assert llm.spec_stats.drafted > 0
+
+
 def test_prefix_hits_share_only_kept_tokens(reference):
     """Requests that share a head hit the prefix cache, across generate calls, while drafts are rejected; every
     cached block holds kept tokens (checked after every step) and the tokens are the reference's."""

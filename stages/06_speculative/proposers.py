@@ -52,7 +52,9 @@ class NgramProposer(Proposer):
 class PredictionProposer(Proposer):
     """Drafts a request's predicted output on from where the output stands in it. Past an edit it resumes where the
     output's last tokens (up to ``max_n``) occur in it again, first from where it left off, else anywhere; searched
-    as a numpy array (tokenized with the request, off the engine's thread): a 1 MB prediction in a millisecond."""
+    as a numpy array (tokenized with the request, off the engine's thread): a 1 MB prediction in a millisecond.
+    While the output's last two tokens are not found there (it says something else: repeats the question, say),
+    ``limit`` is None and the method's proposer drafts instead."""
 
     def __init__(self, tokenizer, k: int, disable_by_batch_size: int | None = None, max_n: int = 8):
         super().__init__(k, disable_by_batch_size)
@@ -60,13 +62,21 @@ class PredictionProposer(Proposer):
         self.state: dict[int, tuple[Sequence, list[int], int, int | None]] = {}  # seq_id -> (seq, ids, out, at)
 
     def claims(self, seq: Sequence) -> bool:
-        return seq.params.prediction is not None
+        if seq.params.prediction is None:
+            return False
+        ids, at, out = *self.follow(seq), seq.output_token_ids
+        return at is not None and (len(out) < 2 or at >= 2 and ids[at - 2] == out[-2] and ids[at - 1] == out[-1])
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         self.state = {i: s for i, s in self.state.items() if not s[0].is_finished}
         return [self.draft(seq, k) for seq, k in zip(seqs, ks)]
 
     def draft(self, seq: Sequence, k: int) -> list[int]:
+        ids, at = self.follow(seq)
+        return [] if at is None else ids[at:at + k].tolist()
+
+    def follow(self, seq: Sequence) -> tuple[np.ndarray, int | None]:
+        """The prediction's ids and where the output stands in them (None: nowhere), caught up with its new tokens."""
         _, ids, seen, at = self.state.get(seq.seq_id) or (seq, self.prediction_ids(seq), 0, 0)
         out = seq.output_token_ids
         new = out[seen:]
@@ -75,7 +85,7 @@ class PredictionProposer(Proposer):
         else:
             at += len(new)
         self.state[seq.seq_id] = (seq, ids, len(out), at)
-        return [] if at is None else ids[at:at + k].tolist()
+        return ids, at
 
     def prediction_ids(self, seq: Sequence) -> np.ndarray:
         ids = seq.prediction_ids  # tokenized when the request was prepared; else (a bare Sequence) here
