@@ -131,6 +131,11 @@ class SpeculativeConfig:
         return self.prediction_num_speculative_tokens or self.num_speculative_tokens
 
     @property
+    def max_drafts(self) -> int:
+        """The most drafts any request may feed a step (a prediction's or the method's)."""
+        return max(self.prediction_k, self.num_speculative_tokens)
+
+    @property
     def suffix_options(self) -> dict:
         return dict(zip(("depth", "max_cached_requests", "factor", "min_prob"), self.suffix))
 

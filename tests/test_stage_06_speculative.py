@@ -8,6 +8,7 @@ model's own greedy answer (its KV cache rolled back right), and the KV bytes aga
 """
 import importlib
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -117,7 +118,7 @@ def test_prediction_proposer_realigns_after_an_edit():
     """The output departs from the prediction (a word replaced): no draft until its last tokens are found again,
     then the prediction's continuation from there, not from an earlier repeat."""
     p = proposers.PredictionProposer(tokenizer=None, k=4)
-    ids = [10, 11, 12, 13, 14, 10, 11, 15, 16]
+    ids = np.asarray([10, 11, 12, 13, 14, 10, 11, 15, 16])
     assert p.realign(ids, [10, 11], 0) == 2
     assert p.realign(ids, [10, 11], 3) == 7  # the repeat after where the output stood
     assert p.realign(ids, [99, 14], 0) == 5

@@ -22,9 +22,6 @@ class RandomDrafts(Proposer):
         super().__init__(0)
         self.vocab_size, self.rng = vocab_size, random.Random(seed)
 
-    def draft(self, k: int) -> None:  # each request gets ``k`` drafts from the next step on
-        self.k = k
-
     def propose(self, seqs, ks):
         return [[self.rng.randrange(3, self.vocab_size) for _ in range(k)] for k in ks]
 
@@ -34,8 +31,7 @@ def calibrate(llm) -> None:
     sched, bm, policy = llm.engine.scheduler, llm.engine.scheduler.block_manager, llm.engine.scheduler.policy
     if policy is None:
         return
-    spec = llm.engine_config.speculative
-    k = max(spec.num_speculative_tokens, spec.prediction_k)  # the longest draft a request may feed
+    k = llm.engine_config.speculative.max_drafts  # the longest draft a request may feed
     max_tokens = 2 + 4 * (k + 1)  # room for every measured step's drafts (a run of random ones keeps 1 a step)
     per_seq = -(-(PROMPT_TOKENS + max_tokens) // bm.block_size)  # blocks a request holds at most
     most_seqs = min(sched.max_num_seqs, 64, max(1, (bm.num_free_blocks - 1) // per_seq))
@@ -57,11 +53,11 @@ def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, 
         for _ in range(batch):
             for seq in llm.make_samples([rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)], params):
                 engine.add(seq)
-        proposer.draft(0)
+        proposer.k = 0  # the prompts, without drafts (each step after feeds ``proposer.k``)
         while sched.waiting or any(s.num_new_tokens != 1 for s in sched.running):
             engine.step()  # the prompts, in as many steps as the budget takes
         for d in drafts:
-            proposer.draft(d)
+            proposer.k = d
             start = time.perf_counter()
             result = engine.step()
             seconds = time.perf_counter() - start

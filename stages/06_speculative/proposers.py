@@ -53,8 +53,7 @@ class PredictionProposer(Proposer):
     """Drafts a request's predicted output on from where the output stands in it. Past an edit it resumes where the
     output's last tokens (up to ``max_n``) occur in it again, first from where it left off, else anywhere; searched
     as a numpy array (tokenized with the request, off the engine's thread): a 1 MB prediction in a millisecond.
-    While the output's last two tokens are not found there (it says something else: repeats the question, say),
-    ``limit`` is None and the method's proposer drafts instead."""
+    While the output's last two tokens are not there (it repeats the question, say), the method's proposer drafts."""
 
     def __init__(self, tokenizer, k: int, disable_by_batch_size: int | None = None, max_n: int = 8):
         super().__init__(k, disable_by_batch_size)
@@ -62,18 +61,12 @@ class PredictionProposer(Proposer):
         self.state: dict[int, tuple[Sequence, list[int], int, int | None]] = {}  # seq_id -> (seq, ids, out, at)
 
     def claims(self, seq: Sequence) -> bool:
-        if seq.params.prediction is None:
-            return False
-        ids, at, out = *self.follow(seq), seq.output_token_ids
-        return at is not None and (len(out) < 2 or at >= 2 and ids[at - 2] == out[-2] and ids[at - 1] == out[-1])
+        ids, at = self.follow(seq) if seq.params.prediction is not None else (None, None)
+        return at is not None and np.array_equal(ids[max(at - 2, 0):at], seq.output_token_ids[-2:])
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         self.state = {i: s for i, s in self.state.items() if not s[0].is_finished}
-        return [self.draft(seq, k) for seq, k in zip(seqs, ks)]
-
-    def draft(self, seq: Sequence, k: int) -> list[int]:
-        ids, at = self.follow(seq)
-        return [] if at is None else ids[at:at + k].tolist()
+        return [[] if at is None else ids[at:at + k].tolist() for (ids, at), k in zip(map(self.follow, seqs), ks)]
 
     def follow(self, seq: Sequence) -> tuple[np.ndarray, int | None]:
         """The prediction's ids and where the output stands in them (None: nowhere), caught up with its new tokens."""
@@ -94,16 +87,14 @@ class PredictionProposer(Proposer):
     def realign(self, ids: np.ndarray, out: list[int], floor: int) -> int | None:
         """Where in ``ids`` the output goes on: after the longest tail of ``out`` found there, preferring the first
         place at or after ``floor`` (where it stood); None when not even its last token occurs."""
-        ids = np.asarray(ids)
         for n in range(min(self.max_n, len(out), len(ids)), 0, -1):
             tail = out[-n:]
             starts = np.flatnonzero(ids[:len(ids) - n + 1] == tail[0])  # then narrowed token by token
             for j in range(1, n):
                 starts = starts[ids[starts + j] == tail[j]]
             if len(starts):
-                ends = starts + n
-                later = ends[ends >= floor]
-                return int(later[0] if len(later) else ends[0])
+                later = starts[starts + n >= floor]
+                return int((later[0] if len(later) else starts[0]) + n)
         return None
 
     def release(self) -> None:
