@@ -25,9 +25,11 @@ from common.validate import InvalidParam, check_bool, check_int, clip
 METHODS = ("ngram", "draft_model", "suffix")
 # Past 16 drafts the later positions are almost never accepted, while every one of them is a row to verify.
 MAX_SPECULATIVE_TOKENS = 16
-KEYS = {"method", "num_speculative_tokens", "prediction_num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization",
-        "draft_num_layers", "disable_by_batch_size", "enable_adaptive_verification", *(f"suffix_decoding_{k}" for k in
-        ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"))}
+KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization",
+        "draft_num_layers", "disable_by_batch_size", "enable_adaptive_verification",
+        "prediction_num_speculative_tokens", *(f"suffix_decoding_{k}" for k in
+                                               ("max_tree_depth", "max_cached_requests", "max_spec_factor",
+                                                "min_token_prob"))}
 # vLLM's defaults for method "suffix" (vllm/config/speculative.py): tree depth 24, 10,000 cached answers, drafts of up
 # to 1.0 x the match's length, tokens of estimated probability >= 0.1.
 SUFFIX_DEFAULTS = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,

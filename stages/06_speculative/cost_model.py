@@ -86,8 +86,7 @@ def best_drafts(alphas: list[float], lengths: list[int], base_tokens: float, bas
                     for j in range(1, n + 1)), reverse=True)  # ties: earlier positions first (a draft is a prefix)
     passes = passes or [None] * len(lengths)
     lookups = not any(passes)  # the rate then rises to its best and falls from there (each slot worth less)
-    in_pass: Counter = Counter()  # (draft model, j) -> requests its j-th pass drafts for
-    drafting = 0.0  # seconds of draft passes the D best cost
+    in_pass, drafting = Counter(), 0.0  # (draft model, j) -> requests its j-th pass drafts for; the D best's seconds
     tokens, best, best_d = base_tokens, base_tokens / max(cost.seconds(base_rows, base_rows), 1e-12), 0
     for d, (worth, j, i) in enumerate(slots, 1):
         if d > best_d + PATIENCE and lookups:  # 64 requests x 16 drafts: a step's search in a few slots
