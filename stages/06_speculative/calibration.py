@@ -1,9 +1,9 @@
 """The adaptive policy's first measurements (cost_model.py's `StepCost`), taken when the stage's `LLM` starts.
 
-For 1, 2, 4, ... requests, decoding steps feeding each request's token and no drafts, k // 2 or k random ones (each
-missed, as a wrong guess is): verify steps, whose every row runs the LM head too (timed prefills left it out, and the
-policy fed drafts where they lost). The requests run on the engine directly (no observer sees them); a draft model
-then times a few passes (draft_model.py). Every later step refines the fits.
+For 1, 2, 4, ... requests, decoding steps feeding each request's token and no drafts, k // 2 or k random ones, thrice
+(each missed, as a wrong guess is): verify steps, whose every row runs the LM head too (timed prefills left it out,
+and the policy fed drafts where they lost). The requests run on the engine directly (no observer sees them); a draft
+model then times a few passes (draft_model.py). Every later step refines the fits.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, 
         proposer.k = 0  # the prompts, without drafts (each step after feeds ``proposer.k``)
         while sched.waiting or any(s.num_new_tokens != 1 for s in sched.running):
             engine.step()  # the prompts, in as many steps as the budget takes
-        for d in drafts:
+        for d in drafts * 3:  # each thrice, interleaved: the fit keeps each row count's fastest (load only adds)
             proposer.k = d
             start = time.perf_counter()
             result = engine.step()
