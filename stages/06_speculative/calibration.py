@@ -22,6 +22,9 @@ class RandomDrafts(Proposer):
         super().__init__(0)
         self.vocab_size, self.rng = vocab_size, random.Random(seed)
 
+    def draft(self, k: int) -> None:  # each request gets ``k`` drafts from the next step on
+        self.k = k
+
     def propose(self, seqs, ks):
         return [[self.rng.randrange(3, self.vocab_size) for _ in range(k)] for k in ks]
 
@@ -53,11 +56,11 @@ def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, 
         for _ in range(batch):
             for seq in llm.make_samples([rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)], params):
                 engine.add(seq)
-        proposer.k = 0  # the prompts, without drafts (each step after feeds ``proposer.k``)
+        proposer.draft(0)
         while sched.waiting or any(s.num_new_tokens != 1 for s in sched.running):
             engine.step()  # the prompts, in as many steps as the budget takes
         for d in drafts * 3:  # each thrice, interleaved: the fit keeps each row count's fastest (load only adds)
-            proposer.k = d
+            proposer.draft(d)
             start = time.perf_counter()
             result = engine.step()
             seconds = time.perf_counter() - start

@@ -50,10 +50,9 @@ class NgramProposer(Proposer):
 
 
 class PredictionProposer(Proposer):
-    """Drafts a request's predicted output on from where the output stands in it. Past an edit it resumes where the
-    output's last tokens (up to ``max_n``) occur in it again, first from where it left off, else anywhere; searched
-    as a numpy array (tokenized with the request, off the engine's thread): a 1 MB prediction in a millisecond.
-    While the output's last two tokens are not there (it repeats the question, say), the method's proposer drafts."""
+    """Drafts a request's predicted output on from where the output stands in it; past an edit, from where its last
+    tokens (up to ``max_n``) occur in it again, first after where it stood (numpy: a 1 MB prediction in 1 ms). While
+    its last two tokens are not found there (it repeats the question, say), the method's proposer drafts instead."""
 
     def __init__(self, tokenizer, k: int, disable_by_batch_size: int | None = None, max_n: int = 8):
         super().__init__(k, disable_by_batch_size)
