@@ -153,7 +153,7 @@ def run(args: argparse.Namespace, servers: list[str]) -> dict:
     from common.prepare import resolve_model
     from stages.bench.scale import machine_name
 
-    console, cli = Console(), vllm_cli()
+    console, cli = Console(width=None if sys.stdout.isatty() else 120), vllm_cli()  # a log gets the whole table
     s = BenchSettings(args.num_prompts, args.max_concurrency, args.input_len, args.output_len)
     args.result_dir.mkdir(parents=True, exist_ok=True)
     stamp, everything = time.strftime("%Y%m%d-%H%M%S"), {}
