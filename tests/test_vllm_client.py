@@ -149,3 +149,11 @@ def test_without_the_vllm_venv_it_says_make_vllm_venv(tmp_path, monkeypatch, cap
     with pytest.raises(SystemExit):
         vllm_client.main(["--servers", "ours,sglang"])
     assert "--servers" in capsys.readouterr().err
+
+
+def test_a_made_shape_is_labelled_as_random_weights(tmp_path):
+    assert vllm_client.made_note(tmp_path) is None
+    (tmp_path / "stepwise.json").write_text(json.dumps({"complete": True}))
+    assert vllm_client.made_note(tmp_path) is None
+    (tmp_path / "stepwise.json").write_text(json.dumps({"complete": True, "note": "random weights, X tokenizer"}))
+    assert vllm_client.made_note(tmp_path) == "random weights, X tokenizer"

@@ -123,6 +123,14 @@ def run_one(server: str, cmd: list[str], bench: list[str], out: Path, server_env
     return result | {"server_cpu_s": server_cpu.between(*window), "client_cpu_s": client_cpu.between(*window)}
 
 
+def made_note(folder: Path) -> str | None:
+    """What `make_model` wrote of a checkpoint it made ("random weights, SmolLM2 tokenizer, ..."), else None."""
+    try:
+        return json.loads((folder / "stepwise.json").read_text()).get("note")
+    except (OSError, ValueError):
+        return None
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", default="07", choices=sorted(STAGES), help="whose server is ours")
@@ -174,7 +182,9 @@ def run(args: argparse.Namespace, servers: list[str]) -> dict:
                 results[server] = run_one(server, cmd, bench, out, env, args.start_timeout)
             except RuntimeError as e:
                 raise SystemExit(f"error: {e}") from None
-        console.print(side_by_side({k: figures(v) for k, v in results.items()}, name, args.stage, s, machine_name()))
+        note = made_note(folder)  # a made shape says so: random weights, SmolLM2's tokenizer
+        label = f"{name}, {note}" if note else name
+        console.print(side_by_side({k: figures(v) for k, v in results.items()}, label, args.stage, s, machine_name()))
         everything[name] = {k: figures(v) for k, v in results.items()}
     summary = args.result_dir / f"{stamp}-summary.json"
     summary.write_text(json.dumps({"machine": machine_name(), "settings": vars(s), "figures": everything}, indent=1))
