@@ -1,10 +1,9 @@
 """The adaptive policy's first measurements (cost_model.py's `StepCost`), taken when the stage's `LLM` starts.
 
 For 1, 2, 4, ... requests, decoding steps feeding each request's token and no drafts, k // 2 or k random ones (each
-missed, as a wrong guess is): verify steps, whose every row runs the LM head too (timed prefills left it out, and the
-policy fed drafts where they lost). The requests run on the engine directly (no observer sees them); a draft model
-then times a few passes (draft_model.py). Every later step refines the fits.
-"""
+missed, as a wrong guess is): verify steps, whose every row runs the LM head too (timed prefills left it out: drafts
+were fed where they lost). The requests run on the engine directly (no observer sees them); a draft model then times
+a few passes (draft_model.py). Every later step refines the fits."""
 from __future__ import annotations
 
 import random
@@ -16,14 +15,11 @@ PROMPT_TOKENS = 16  # a short context: what is measured is the rows, not the att
 
 
 class RandomDrafts(Proposer):
-    """``k`` random drafts per request: each missed, so every step keeps one token per request, like the next."""
+    """``k`` random drafts per request (set before each step): each missed, so every step keeps one token a request."""
 
     def __init__(self, vocab_size: int, seed: int = 0):
         super().__init__(0)
         self.vocab_size, self.rng = vocab_size, random.Random(seed)
-
-    def draft(self, k: int) -> None:  # each request gets ``k`` drafts from the next step on
-        self.k = k
 
     def propose(self, seqs, ks):
         return [[self.rng.randrange(3, self.vocab_size) for _ in range(k)] for k in ks]
@@ -56,11 +52,11 @@ def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, 
         for _ in range(batch):
             for seq in llm.make_samples([rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)], params):
                 engine.add(seq)
-        proposer.draft(0)
+        proposer.k = 0
         while sched.waiting or any(s.num_new_tokens != 1 for s in sched.running):
             engine.step()  # the prompts, in as many steps as the budget takes
         for d in drafts:
-            proposer.draft(d)
+            proposer.k = d
             start = time.perf_counter()
             result = engine.step()
             seconds = time.perf_counter() - start
