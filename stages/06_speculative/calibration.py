@@ -15,11 +15,14 @@ PROMPT_TOKENS = 16  # a short context: what is measured is the rows, not the att
 
 
 class RandomDrafts(Proposer):
-    """``k`` random drafts per request (set before each step): each missed, so every step keeps one token a request."""
+    """``k`` random drafts per request: each missed, so every step keeps one token per request, like the next."""
 
     def __init__(self, vocab_size: int, seed: int = 0):
         super().__init__(0)
         self.vocab_size, self.rng = vocab_size, random.Random(seed)
+
+    def draft(self, k: int) -> None:  # each request gets ``k`` drafts from the next step on
+        self.k = k
 
     def propose(self, seqs, ks):
         return [[self.rng.randrange(3, self.vocab_size) for _ in range(k)] for k in ks]
@@ -52,14 +55,13 @@ def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, 
         for _ in range(batch):
             for seq in llm.make_samples([rng.randrange(3, vocab) for _ in range(PROMPT_TOKENS)], params):
                 engine.add(seq)
-        proposer.k = 0
+        proposer.draft(0)
         while sched.waiting or any(s.num_new_tokens != 1 for s in sched.running):
             engine.step()  # the prompts, in as many steps as the budget takes
         for d in drafts:
-            proposer.k = d
+            proposer.draft(d)
             start = time.perf_counter()
-            result = engine.step()
-            seconds = time.perf_counter() - start
+            result, seconds = engine.step(), time.perf_counter() - start  # (the step runs first)
             if policy is not None and len(result.batch.seqs) == batch and sum(result.batch.lens) == batch * (1 + d):
                 policy.cost.observe(batch, batch * (1 + d), seconds)
     finally:

@@ -23,10 +23,9 @@ class StepCost:
     process on a shared machine) ends; a right one costs a probe at times."""
 
     def __init__(self, window: int = 48, stale: int = 16):
-        self.window, self.stale = window, stale
+        self.window, self.stale, self.flat = window, stale, Counter()  # flat: class -> steps at one row, no drafts
         self.points: dict[int, deque] = {}  # size class -> its latest (rows, seconds)
         self.lines: dict[int, tuple[float, float]] = {}  # size class -> (a, b), its last fit with a spread of rows
-        self.flat: Counter = Counter()  # size class -> its steps in a row without drafts at one row count
 
     @staticmethod
     def size_class(base_rows: int) -> int:
@@ -37,10 +36,9 @@ class StepCost:
         points = self.points.setdefault(c, deque(maxlen=self.window))
         self.flat[c] = self.flat[c] + 1 if rows == base_rows and points and points[-1][0] == rows else 0
         points.append((rows, seconds))
-        if self.flat[c] and self.flat[c] % self.stale == 0 and (line := self.line(base_rows)):  # (the one it reads)
+        if self.flat[c] and self.flat[c] % self.stale == 0 and (line := self.line(base_rows)):  # stale: halve it
             points = self.points[c] = deque((p for p in points if p[0] == rows), maxlen=self.window)
-            b = line[1] / 2
-            self.lines[c] = max(min(t for _, t in points) - b * rows, 1e-6), b
+            self.lines[c] = max(min(t for _, t in points) - line[1] / 2 * rows, 1e-6), line[1] / 2
         elif (line := fit(points)) is not None:
             self.lines[c] = line
 
