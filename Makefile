@@ -154,10 +154,22 @@ aiperf: .venv-aiperf/.stamp-aiperf
 	touch $@
 
 # A serving benchmark in vLLM's terms: `load` then aiperf against one `serve`, the same requests and settings,
-# their figures side by side (docs/serving-benchmark.md). BENCH_SERVE holds load's options.
+# their figures side by side (docs/serving-benchmark.md). BENCH_SERVE holds load's options. Then bench-serve-vllm.
 BENCH_SERVE ?= --num-requests 64 --max-concurrency 16 --max-tokens 96
 bench-serve: $(MODEL) aiperf
 	$(BIN)/python -m stages.bench.load $(BENCH_SERVE) --aiperf
+	$(MAKE) --no-print-directory bench-serve-vllm
+
+# vLLM's own client (`vllm bench serve`, its random dataset) against stage 07's server and against `vllm serve`, one
+# fresh server at a time, at 135M and the 1B shape (random weights, made once as `make scale` makes them; SmolLM2's
+# tokenizer): stages/bench/load/vllm_client.py. BENCH_SERVE_VLLM holds its options. Run it alone.
+SERVE_1B := $(SCALE_MODELS)/llama-3.2-1b
+BENCH_SERVE_VLLM ?= --model smollm2-135m --model $(SERVE_1B) --num-prompts 64 --max-concurrency 16
+.PHONY: bench-serve-vllm
+bench-serve-vllm: $(MODEL) vllm-venv
+	test -f $(SERVE_1B)/config.json || $(BIN)/python -m stages.bench.make_model --shape llama-3.2-1b \
+		--out $(SERVE_1B) --gguf bfloat16,q4_1 --int4-blocks
+	$(BIN)/python -m stages.bench.load.vllm_client $(BENCH_SERVE_VLLM)
 
 # Mutation testing, a tool and not a CI step: mutmut plants small bugs in the core engine modules ([tool.mutmut]
 # in pyproject.toml) one at a time, runs the fast tests that cover each, and lists the mutants no test caught.

@@ -114,7 +114,41 @@ def test_the_step_cost_recovers_a_line_through_the_fastest_step_at_each_row_coun
     cost.observe(1, 5, 0.020)
     for _ in range(8):
         cost.observe(1, 1, 0.010)  # steps without drafts alone, until no other row count is left: the slope is kept
-    assert cost.line(1) == pytest.approx((0.0075, 0.0025))
+    assert cost.line(1) == pytest.approx((0.0075, 0.0025))  # (for fewer than ``stale`` such steps: the test below)
+
+
+def test_a_dear_reading_from_a_noisy_moment_is_refitted_once_steps_are_cheap():
+    """A line that says rows are dear stops the drafts whose rows could refit it. Real steps cost 10 ms + 2 ms a row,
+    but the first drafted step came at a noisy moment (another process: 400 ms), so no draft pays by the line: it
+    goes stale, its slope is halved until the best drafts are fed again, and those steps refit it to the real line.
+    Where rows really are dear, the same costs a probe now and then (at most one step in ``stale``)."""
+    for real, alpha, noisy in ((Curve(0.010, 0.002), 0.9, 0.400), (Curve(0.010, 0.050), 0.5, None)):
+        cost, fed = cost_model.StepCost(), []
+        cost.observe(1, 1, real.seconds(1, 1))
+        cost.observe(1, 5, noisy or real.seconds(1, 5))
+        for _ in range(300):
+            fed += cost_model.best_drafts([alpha], [4], 1, 1, cost)
+            cost.observe(1, 1 + fed[-1], real.seconds(1, 1 + fed[-1]))
+        best = max(range(5), key=lambda k: expected_tokens(alpha, k) / real.seconds(1, 1 + k))  # by the real curve
+        assert fed[0] == 0  # the line the noisy reading (or the real dear one) fits: no draft pays
+        if noisy:
+            assert best == 4 and fed[-50:] == [best] * 50 and cost.line(1) == pytest.approx((real.a, real.b))
+        else:
+            assert best == 0 and 0 < sum(k > 0 for k in fed) <= len(fed) / cost.stale
+
+
+def test_one_noisy_step_at_a_rare_row_count_does_not_flip_the_choice():
+    """Four requests feeding 0-2 drafts a step, the line fitted from many steps at 4-6 rows; one step at 8 rows comes
+    at a noisy moment (twice its time). The fastest step at each row count stands for it, weighted by its steps, so
+    that one step barely moves the line: the choice stays the real curve's."""
+    real, alphas, cost = Curve(0.020, 0.001), [0.6] * 4, cost_model.StepCost()
+    for _ in range(16):
+        for rows in (4, 5, 6):
+            cost.observe(4, rows, real.seconds(4, rows))
+    choice = cost_model.best_drafts(alphas, [4] * 4, 4, 4, real)
+    assert cost_model.best_drafts(alphas, [4] * 4, 4, 4, cost) == choice and sum(choice) > 0
+    cost.observe(4, 8, 2 * real.seconds(4, 8))
+    assert cost_model.best_drafts(alphas, [4] * 4, 4, 4, cost) == choice
 
 
 def test_acceptance_is_scored_from_what_each_proposal_would_have_kept():

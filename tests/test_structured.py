@@ -177,6 +177,23 @@ def test_forced_tokens_are_fed_where_rows_are_free_and_never_where_a_row_costs_a
     assert counts["free"][0] == counts["free"][1] == counts["free"][2] > 0 and counts["free"][3] > 0  # all fed, kept
 
 
+def test_forced_tokens_come_back_after_a_dear_line_read_at_a_noisy_moment(structured_reference):
+    """Stage 07 learns its step cost from its own steps only. A line fitted at a noisy moment (4.5 ms a row where the
+    tiny model's rows cost microseconds) says no forced draft pays, and a step without drafts cannot refit it: stage
+    06's cost model halves a line that has decided alone for ``stale`` steps, so forced tokens are fed again (a probe
+    refits the line). The tokens: the reference's."""
+    llm = structured.LLM("tiny", dtype="bfloat16", max_num_seqs=1)
+    cost = llm.engine.scheduler.policy.cost
+    cost.observe(1, 1, 0.002)
+    cost.observe(1, 5, 0.020)
+    assert cost_model.best_drafts([cost_model.ALPHA_MAX], [4], 1, 1, cost) == [0]
+    prompts = [[5, 6, 7]]
+    params = SamplingParams(temperature=0, max_tokens=300, structured_outputs={"regex": r"([0-9]-abcdef-){16}"})
+    expected = [o.token_ids for r in structured_reference.generate(prompts, params) for o in r.outputs]
+    assert [o.token_ids for r in llm.generate(prompts, params) for o in r.outputs] == expected
+    assert llm.stats.drafted_tokens > 0 and llm.stats.accepted_tokens > 0
+
+
 class SameState:
     """After every step: each running request's constraint allows exactly what a fresh matcher fed its kept tokens
     allows (and has accepted as many tokens)."""

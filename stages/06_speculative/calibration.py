@@ -1,10 +1,9 @@
 """The adaptive policy's first measurements (cost_model.py's `StepCost`), taken when the stage's `LLM` starts.
 
 For 1, 2, 4, ... requests, decoding steps feeding each request's token and no drafts, k // 2 or k random ones, thrice
-(each missed, as a wrong guess is): verify steps, whose every row runs the LM head too (timed prefills left it out,
-and the policy fed drafts where they lost). The requests run on the engine directly (no observer sees them); a draft
-model then times a few passes (draft_model.py). Every later step refines the fits.
-"""
+(each missed, as a wrong guess is): verify steps, whose every row runs the LM head too (timed prefills left it out:
+drafts were fed where they lost). The requests run on the engine directly (no observer sees them); a draft model
+then times a few passes (draft_model.py). Every later step refines the fits."""
 from __future__ import annotations
 
 import random
@@ -62,8 +61,7 @@ def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, 
         for d in drafts * 3:  # each thrice, interleaved: the fit keeps each row count's fastest (load only adds)
             proposer.draft(d)
             start = time.perf_counter()
-            result = engine.step()
-            seconds = time.perf_counter() - start
+            result, seconds = engine.step(), time.perf_counter() - start  # (the step runs first)
             if policy is not None and len(result.batch.seqs) == batch and sum(result.batch.lens) == batch * (1 + d):
                 policy.cost.observe(batch, batch * (1 + d), seconds)
     finally:

@@ -17,10 +17,14 @@ PATIENCE = 16  # lookup drafts past the best count with no better rate: the sear
 
 
 class StepCost:
-    """Step seconds as a function of the rows fed, one least-squares line per size class."""
+    """Step seconds as a function of the rows fed, one least-squares line per size class. A line that says rows are
+    dear stops the drafts whose rows could refit it: so after ``stale`` steps without drafts at one row count, a class
+    forgets its other points (no step confirmed them) and halves its slope through the step it sees, again every
+    ``stale`` such steps, until the best drafts are fed: a probe that refits the line. A wrong dear reading (another
+    process on a shared machine) ends; a right one costs a probe at times."""
 
-    def __init__(self, window: int = 48):
-        self.window = window
+    def __init__(self, window: int = 48, stale: int = 16):
+        self.window, self.stale, self.flat = window, stale, Counter()  # flat: class -> steps at one row, no drafts
         self.points: dict[int, deque] = {}  # size class -> its latest (rows, seconds)
         self.lines: dict[int, tuple[float, float]] = {}  # size class -> (a, b), its last fit with a spread of rows
 
@@ -31,16 +35,18 @@ class StepCost:
     def observe(self, base_rows: int, rows: int, seconds: float) -> None:
         c = self.size_class(base_rows)
         points = self.points.setdefault(c, deque(maxlen=self.window))
+        self.flat[c] = self.flat[c] + 1 if rows == base_rows and points and points[-1][0] == rows else 0
         points.append((rows, seconds))
-        if (line := fit(points)) is not None:
+        if self.flat[c] and self.flat[c] % self.stale == 0 and (line := self.line(base_rows)):  # stale: halve it
+            points = self.points[c] = deque((p for p in points if p[0] == rows), maxlen=self.window)
+            self.lines[c] = max(min(t for _, t in points) - line[1] / 2 * rows, 1e-6), line[1] / 2
+        elif (line := fit(points)) is not None:
             self.lines[c] = line
 
     def line(self, base_rows: int) -> tuple[float, float] | None:
         """(a, b) of the size class of ``base_rows``, or of the nearest one measured; None before any."""
-        if not self.lines:
-            return None
         c = self.size_class(base_rows)
-        return self.lines[min(self.lines, key=lambda x: (abs(x - c), x))]
+        return self.lines[min(self.lines, key=lambda x: (abs(x - c), x))] if self.lines else None
 
     def seconds(self, base_rows: int, rows: int) -> float:
         a, b = self.line(base_rows) or (1.0, 0.0)  # nothing measured yet: rows are free until a step says otherwise
@@ -51,8 +57,7 @@ class PassCost:
     """A draft model's pass seconds, t(rows) = a + b * rows, fitted like `StepCost`; nothing measured yet: 0."""
 
     def __init__(self, window: int = 48):
-        self.points: deque = deque(maxlen=window)
-        self.ab = (0.0, 0.0)
+        self.points, self.ab = deque(maxlen=window), (0.0, 0.0)  # the latest (rows, seconds); (a, b)
 
     def observe(self, rows: int, seconds: float) -> None:
         self.points.append((rows, seconds))
@@ -63,17 +68,16 @@ class PassCost:
 
 
 def fit(points) -> tuple[float, float] | None:
-    """Least squares t = a + b * rows (b >= 0, a > 0) through the fastest step at each row count (another process
-    only ever adds time); None while the rows do not spread."""
-    fastest: dict[int, float] = {}
-    for rows, seconds in points:
-        fastest[rows] = min(seconds, fastest.get(rows, seconds))
-    n = len(fastest)
-    mx, my = sum(fastest) / n, sum(fastest.values()) / n
-    sxx = sum((r - mx) ** 2 for r in fastest)
+    """Weighted least squares t = a + b * rows (b >= 0, a > 0) through the fastest step at each row count (another
+    process only ever adds time). The fastest of n steps errs by about 1/n of one step's noise, so it weighs n²: a
+    row count seen once (a noisy moment) barely moves a line that row counts seen often hold. None: rows not spread."""
+    w = {r: n * n for r, n in Counter(rows for rows, _ in points).items()}
+    fastest, n = {r: min(t for rows, t in points if rows == r) for r in w}, sum(w.values())
+    mx, my = sum(r * w[r] for r in w) / n, sum(fastest[r] * w[r] for r in w) / n
+    sxx = sum(w[r] * (r - mx) ** 2 for r in w)
     if sxx < 1e-9:
         return None
-    b = max(0.0, sum((r - mx) * (t - my) for r, t in fastest.items()) / sxx)
+    b = max(0.0, sum(w[r] * (r - mx) * (fastest[r] - my) for r in w) / sxx)
     return max(my - b * mx, 1e-6), b
 
 

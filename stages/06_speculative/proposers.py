@@ -71,10 +71,8 @@ class PredictionProposer(Proposer):
         """The prediction's ids and where the output stands in them (None: nowhere), caught up with its new tokens."""
         _, ids, seen, at = self.state.get(seq.seq_id) or (seq, self.prediction_ids(seq), 0, 0)
         out = seq.output_token_ids
-        if at is None or not np.array_equal(ids[at:at + len(out) - seen], out[seen:]):  # it departed: find it again
-            at = self.realign(ids, out, at or 0)
-        else:
-            at += len(out) - seen
+        follows = at is not None and np.array_equal(ids[at:at + len(out) - seen], out[seen:])
+        at = at + len(out) - seen if follows else self.realign(ids, out, at or 0)  # it departed: find it again
         self.state[seq.seq_id] = (seq, ids, len(out), at)
         return ids, at
 

@@ -142,18 +142,18 @@ async def run_clients(url: str, s: LoadSettings) -> tuple[list[dict], float]:
     return records, time.perf_counter() - start
 
 
-@contextlib.contextmanager
-def serving(serve_args: list[str], start_timeout: float = 600):
-    """``serve`` with ``serve_args`` in a child process on a free loopback port; yields its URL, then stops it
-    however the block ends (`children.session`). The child reads its API key, if any, from STEPWISE_API_KEY as
-    this process does."""
+def free_url() -> str:
+    """An http:// URL on a loopback port no one listens on now (the server binds it a moment later)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "stages.05_streaming", "serve", "--host", "127.0.0.1", "--port", str(port),
-           *serve_args]
-    with children.session(cmd, grace=60) as server:  # SIGTERM first: requests in flight end, the port is freed
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def started(cmd: list[str], url: str, start_timeout: float = 600, **popen):
+    """The server ``cmd`` (``popen`` as `subprocess.Popen` takes it) in a session of its own; yields the process
+    once ``url``/health answers 200, then stops it however the block ends (`children.session`)."""
+    with children.session(cmd, grace=60, **popen) as server:  # SIGTERM first: requests in flight end, the port freed
         deadline = time.monotonic() + start_timeout
         while True:
             if server.poll() is not None:
@@ -166,6 +166,17 @@ def serving(serve_args: list[str], start_timeout: float = 600):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not answer /health within {start_timeout:.0f} s")
             time.sleep(0.2)
+        yield server
+
+
+@contextlib.contextmanager
+def serving(serve_args: list[str], start_timeout: float = 600):
+    """``serve`` with ``serve_args`` in a child process on a free loopback port; yields its URL, then stops it
+    however the block ends. The child reads its API key, if any, from STEPWISE_API_KEY as this process does."""
+    url = free_url()
+    port = url.rsplit(":", 1)[1]
+    cmd = [sys.executable, "-m", "stages.05_streaming", "serve", "--host", "127.0.0.1", "--port", port, *serve_args]
+    with started(cmd, url, start_timeout):
         yield url
 
 

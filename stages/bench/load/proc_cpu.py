@@ -43,8 +43,12 @@ class CpuSampler(threading.Thread):
             self.done.wait(self.every)
 
     def stop(self) -> None:
+        """Stops sampling, with one last reading while the process is there (an exited one not yet waited for
+        still is: `os.waitid` with WNOWAIT waits for its end and leaves its times to read)."""
         self.done.set()
         self.join()
+        if os.path.exists(f"/proc/{self.pid}"):
+            self.samples.append((time.time_ns(), tree_cpu(self.pid)))
 
     def between(self, start_ns: int, end_ns: int) -> float | None:
         """CPU seconds used from ``start_ns`` to ``end_ns`` (wall clock, ns), from the samples just outside that
