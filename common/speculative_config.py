@@ -26,8 +26,10 @@ METHODS = ("ngram", "draft_model", "suffix")
 # Past 16 drafts the later positions are almost never accepted, while every one of them is a row to verify.
 MAX_SPECULATIVE_TOKENS = 16
 KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization",
-        "draft_num_layers", "disable_by_batch_size", "enable_adaptive_verification", *(f"suffix_decoding_{k}" for k in
-        ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"))}
+        "draft_num_layers", "disable_by_batch_size", "enable_adaptive_verification",
+        "prediction_num_speculative_tokens", *(f"suffix_decoding_{k}" for k in
+                                               ("max_tree_depth", "max_cached_requests", "max_spec_factor",
+                                                "min_token_prob"))}
 # vLLM's defaults for method "suffix" (vllm/config/speculative.py): tree depth 24, 10,000 cached answers, drafts of up
 # to 1.0 x the match's length, tokens of estimated probability >= 0.1.
 SUFFIX_DEFAULTS = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
@@ -52,6 +54,9 @@ class SpeculativeConfig:
     suffix: tuple = ()  # suffix: (max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
     # draft_model: its first N decoder layers, then its final norm and head (early exit); None: every layer
     draft_num_layers: int | None = None
+    # Ours (no vLLM key): the most drafts a request's predicted output offers a step; None: num_speculative_tokens.
+    # A prediction agrees for long runs, so more may pay where the adaptive policy finds the rows cheap.
+    prediction_num_speculative_tokens: int | None = None
 
     @classmethod
     def parse(cls, value) -> SpeculativeConfig | None:
@@ -117,7 +122,20 @@ class SpeculativeConfig:
             raise InvalidParam("speculative_config.draft_num_layers", f"speculative_config.draft_num_layers="
                                f"{clip(layers)} is invalid: give an integer from 1 to the draft's num_hidden_layers")
         suffix = suffix_options(method, value)
-        return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix, layers)
+        predicted = value.get("prediction_num_speculative_tokens")
+        if predicted is not None:
+            check_int("speculative_config.prediction_num_speculative_tokens", predicted, 1, MAX_SPECULATIVE_TOKENS)
+        return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix, layers, predicted)
+
+    @property
+    def prediction_k(self) -> int:
+        """The most drafts a predicted output offers a step."""
+        return self.prediction_num_speculative_tokens or self.num_speculative_tokens
+
+    @property
+    def max_drafts(self) -> int:
+        """The most drafts any request may feed a step (a prediction's or the method's)."""
+        return max(self.prediction_k, self.num_speculative_tokens)
 
     @property
     def suffix_options(self) -> dict:
@@ -143,6 +161,7 @@ class SpeculativeConfig:
         k, off = self.num_speculative_tokens, self.disable_by_batch_size
         until = (f", off above {off} running" if off else "") + \
             (", adaptive: drafts fed where they pay" if self.enable_adaptive_verification else ", every draft fed")
+        until += f", predictions up to {self.prediction_k}" if self.prediction_k != k else ""
         if self.method == "ngram":
             return f"ngram (k={k}, prompt_lookup_min={self.prompt_lookup_min}, max={self.prompt_lookup_max}{until})"
         if self.method == "suffix":

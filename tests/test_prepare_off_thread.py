@@ -31,7 +31,7 @@ def test_the_numpy_realign_agrees_with_a_plain_search():
             if ends:
                 want = next((e for e in ends if e >= floor), ends[0])
                 break
-        assert p.realign(ids, out, floor) == want
+        assert p.realign(np.asarray(ids), out, floor) == want
 
 
 def test_a_1mb_prediction_beside_a_short_request_does_not_delay_it():

@@ -73,6 +73,21 @@ def test_the_choice_is_the_best_allocation_by_brute_force(alphas, data, a, b, ex
     assert rate(ks) == pytest.approx(best, rel=1e-9)
 
 
+@settings(max_examples=examples(200), deadline=None)
+@given(alphas=st.lists(st.floats(0, 1), min_size=1, max_size=64), data=st.data(), a=st.floats(0.01, 5),
+       b=st.floats(0, 0.2))
+def test_the_search_stops_early_yet_finds_the_best_count_for_many_long_drafts(alphas, data, a, b):
+    """Up to 64 requests of up to 16 drafts (a prediction's): the best D draft positions by worth, over every D."""
+    lengths, cost, n = [data.draw(st.integers(0, 16)) for _ in alphas], Curve(a, b), len(alphas)
+    ks = cost_model.best_drafts(alphas, lengths, n, n, cost)
+    worths = sorted((min(al, cost_model.ALPHA_MAX) ** j for al, m in zip(alphas, lengths) for j in range(1, m + 1)),
+                    reverse=True)
+    best = max((n + sum(worths[:d])) / cost.seconds(n, n + d) for d in range(len(worths) + 1))
+    got = n + sum(expected_tokens(al, k) - 1 for al, k in zip(alphas, ks))
+    assert all(0 <= k <= m for k, m in zip(ks, lengths))
+    assert got / cost.seconds(n, n + sum(ks)) == pytest.approx(best, rel=1e-9)
+
+
 def test_never_drafts_where_rows_cost_more_than_they_return_and_drafts_all_where_rows_are_free():
     alphas, lengths = [0.9, 0.6, 0.99], [4, 4, 4]
     # every row costs what a token is worth at the base rate (no fixed part): a draft worth < 1 token never pays

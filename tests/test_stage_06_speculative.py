@@ -8,6 +8,7 @@ model's own greedy answer (its KV cache rolled back right), and the KV bytes aga
 """
 import importlib
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -117,7 +118,7 @@ def test_prediction_proposer_realigns_after_an_edit():
     """The output departs from the prediction (a word replaced): no draft until its last tokens are found again,
     then the prediction's continuation from there, not from an earlier repeat."""
     p = proposers.PredictionProposer(tokenizer=None, k=4)
-    ids = [10, 11, 12, 13, 14, 10, 11, 15, 16]
+    ids = np.asarray([10, 11, 12, 13, 14, 10, 11, 15, 16])
     assert p.realign(ids, [10, 11], 0) == 2
     assert p.realign(ids, [10, 11], 3) == 7  # the repeat after where the output stood
     assert p.realign(ids, [99, 14], 0) == 5
@@ -171,10 +172,13 @@ def test_speculation_drafts_accepts_and_rejects_on_a_repetitive_workload(referen
     assert max(llm.spec_stats.tokens_per_step().values()) > 1.0
 
 
-def test_stops_inside_a_draft_end_the_request_where_one_token_at_a_time_would(reference):
+@pytest.mark.parametrize("drafts", [{"num_speculative_tokens": 6},
+                                    {"num_speculative_tokens": 2, "prediction_num_speculative_tokens": 16}])
+def test_stops_inside_a_draft_end_the_request_where_one_token_at_a_time_would(reference, drafts):
     """The prediction is the reference's free-running answer, so whole drafts are right; a stop string, a stop id
     or max_tokens inside one cuts the kept run at that token. And EOS sampled where a draft goes on (the
-    prediction continues past the answer's end) ends the request there."""
+    prediction continues past the answer's end) ends the request there. Drafts of 6, and of up to 16 (a
+    prediction's own limit, past the method's 2)."""
     prompt = [5, 6, 7, 8]
     free = reference.generate([prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
     ids = free.token_ids
@@ -191,12 +195,47 @@ def test_stops_inside_a_draft_end_the_request_where_one_token_at_a_time_would(re
     for prompt, params, prediction in cases:
         params.prediction = prediction
         expected = reference.generate([prompt], params)
-        llm, checked = spec_llm({"method": "ngram", "num_speculative_tokens": 6, **ALWAYS})
+        llm, checked = spec_llm({"method": "ngram", **drafts, **ALWAYS})
         steps = llm.add_observer(Recorder())
         same_outputs(llm.generate([prompt], params), expected)
         finishing = [s for s in steps.seqs if s.finish_reason]
         assert llm.spec_stats.accepted > 0
         assert finishing and finishing[0].drafted > 0, "the request should end in a verify step"
+    if "prediction_num_speculative_tokens" in drafts:  # the long drafts were fed, not only the method's 2
+        assert max(s.drafted for s in steps.seqs) > 2
+
+
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), k=st.integers(3, 16), blocks=st.integers(24, 80), budget=st.integers(8, 40),
+       max_num_seqs=st.integers(1, 3), prefix=st.booleans(), adaptive=st.booleans())
+def test_long_prediction_drafts_keep_the_references_tokens(reference, data, k, blocks, budget, max_num_seqs, prefix,
+                                                           adaptive):
+    """Predictions drafting up to ``prediction_num_speculative_tokens`` (past the method's 2): each prediction is
+    the reference's own answer with text inserted at a random place and more after its end, so long drafts are
+    kept whole, cut at the edit, and cut by stops, EOS and max_tokens inside them; greedy and seeded sampling,
+    penalties, n > 1, a small step budget, a KV pool that preempts, prefix hits; every draft fed, or the policy's."""
+    head = data.draw(st.lists(st.integers(3, 1023), max_size=8))
+    prompts = [head + data.draw(st.lists(st.integers(3, 1023), min_size=1, max_size=10))
+               for _ in range(data.draw(st.integers(1, 3)))]
+    params = [data.draw(penalized_params()) for _ in prompts]
+    for p in params:
+        p.max_tokens = data.draw(st.integers(1, 40))
+        p.min_tokens = min(p.min_tokens, p.max_tokens)
+    for p, free in zip(params, reference.generate(prompts, params)):
+        text, at = free.outputs[0].text, data.draw(st.floats(0, 1))
+        p.prediction = text[:int(at * len(text))] + data.draw(st.sampled_from(["", " so", "#"])) + \
+            text[int(at * len(text)):] + " and then some more words"
+        ids = free.outputs[0].token_ids
+        if ids and data.draw(st.booleans()):  # a stop id where the answer has it: inside a draft
+            p.stop_token_ids = [ids[data.draw(st.integers(0, len(ids) - 1))]]
+    expected = reference.generate(prompts, params)
+    config = {"method": "ngram", "num_speculative_tokens": 2, "prediction_num_speculative_tokens": k,
+              "enable_adaptive_verification": adaptive}
+    llm, checked = spec_llm(config, blocks=blocks, budget=max(budget, max_num_seqs, 3), max_num_seqs=max_num_seqs,
+                            enable_prefix_caching=prefix)
+    same_outputs(llm.generate(prompts, params), expected)
+    bm = llm.engine.scheduler.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and llm.stats.drafted_tokens == llm.spec_stats.drafted
 
 
 # ---- bad input --------------------------------------------------------------------------------------------------
@@ -216,6 +255,8 @@ def test_stops_inside_a_draft_end_the_request_where_one_token_at_a_time_would(re
      "speculative_config.draft_tensor_parallel_size"),
     ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0},
      "speculative_config.disable_by_batch_size"),
+    *(({"method": "ngram", "num_speculative_tokens": 2, "prediction_num_speculative_tokens": bad},
+       "speculative_config.prediction_num_speculative_tokens") for bad in (0, 17, "8", True)),
     ("{not json", "speculative_config"), (["ngram"], "speculative_config"),
 ])
 def test_a_bad_speculative_config_is_refused_naming_the_key(config, key):
@@ -252,6 +293,19 @@ def test_predictions_keep_the_tokens_for_every_sample_and_count_what_they_drafte
     assert len(samples) == 2 and samples[0].num_accepted_tokens > 0
     assert sum(s.num_drafted_tokens for s in samples) == llm.spec_stats.drafted
     assert sum(s.num_accepted_tokens for s in samples) == llm.spec_stats.accepted
+
+
+def test_a_prediction_the_output_has_left_yields_to_the_methods_proposer(reference):
+    """A prediction sharing no token with the answer drafts nothing; the n-gram lookup drafts for the request
+    instead (the answer repeats its prompt), and the tokens are the reference's."""
+    prompt, params = [5, 6, 7, 8] * 5, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    answer = reference.generate([prompt], params)[0].token_ids
+    tok = reference.tokenizer
+    params.prediction = next(text for text in (tok.decode([t]) * 20 for t in range(300, 1024))
+                             if not set(tok.encode(text)) & set(answer))  # no token of it in the answer
+    llm, checked = spec_llm()
+    same_outputs(llm.generate([prompt], params), reference.generate([prompt], params))
+    assert llm.spec_stats.drafted > 0
 
 
 def test_prefix_hits_share_only_kept_tokens(reference):

@@ -1,9 +1,9 @@
 """The adaptive policy's first measurements (cost_model.py's `StepCost`), taken when the stage's `LLM` starts.
 
-For 1, 2, 4, ... requests, decoding steps feeding each request's token and no drafts, k // 2 or k random ones (each
-missed, as a wrong guess is): verify steps, whose every row runs the LM head too (timed prefills left it out: drafts
-were fed where they lost). The requests run on the engine directly (no observer sees them); a draft model then times
-a few passes (draft_model.py). Every later step refines the fits."""
+For 1, 2, 4, ... requests, decoding steps feeding each request's token and no drafts, k // 2 or k random ones, thrice
+(each missed, as a wrong guess is): verify steps, whose every row runs the LM head too (timed prefills left it out:
+drafts were fed where they lost). The requests run on the engine directly (no observer sees them); a draft model
+then times a few passes (draft_model.py). Every later step refines the fits."""
 from __future__ import annotations
 
 import random
@@ -33,7 +33,7 @@ def calibrate(llm) -> None:
     sched, bm, policy = llm.engine.scheduler, llm.engine.scheduler.block_manager, llm.engine.scheduler.policy
     if policy is None:
         return
-    k = llm.engine_config.speculative.num_speculative_tokens
+    k = llm.engine_config.speculative.max_drafts  # the longest draft a request may feed
     max_tokens = 2 + 4 * (k + 1)  # room for every measured step's drafts (a run of random ones keeps 1 a step)
     per_seq = -(-(PROMPT_TOKENS + max_tokens) // bm.block_size)  # blocks a request holds at most
     most_seqs = min(sched.max_num_seqs, 64, max(1, (bm.num_free_blocks - 1) // per_seq))
@@ -58,7 +58,7 @@ def measure(llm, batch: int, drafts: list[int], proposer: RandomDrafts, policy, 
         proposer.draft(0)
         while sched.waiting or any(s.num_new_tokens != 1 for s in sched.running):
             engine.step()  # the prompts, in as many steps as the budget takes
-        for d in drafts:
+        for d in drafts * 3:  # each thrice, interleaved: the fit keeps each row count's fastest (load only adds)
             proposer.draft(d)
             start = time.perf_counter()
             result, seconds = engine.step(), time.perf_counter() - start  # (the step runs first)

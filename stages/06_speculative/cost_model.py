@@ -13,6 +13,7 @@ from common.sequence import Sequence
 
 ALPHA_MAX = 0.99  # a request that always matched is still not certain to
 EXPLORE_TRIES = 8  # scored drafts before a proposer's acceptance is its own: at the prior one might never be asked
+PATIENCE = 16  # lookup drafts past the best count with no better rate: the search stops (64 x 16 slots: a few)
 
 
 class StepCost:
@@ -88,10 +89,11 @@ def best_drafts(alphas: list[float], lengths: list[int], base_tokens: float, bas
     slots = sorted(((min(a, ALPHA_MAX) ** j, -j, i) for i, (a, n) in enumerate(zip(alphas, lengths))
                     for j in range(1, n + 1)), reverse=True)  # ties: earlier positions first (a draft is a prefix)
     passes = passes or [None] * len(lengths)
-    in_pass: Counter = Counter()  # (draft model, j) -> requests its j-th pass drafts for
-    drafting = 0.0  # seconds of draft passes the D best cost
+    in_pass, drafting = Counter(), 0.0  # (draft model, j) -> requests its j-th pass drafts for; the D best's seconds
     tokens, best, best_d = base_tokens, base_tokens / max(cost.seconds(base_rows, base_rows), 1e-12), 0
     for d, (worth, j, i) in enumerate(slots, 1):
+        if d > best_d + PATIENCE and not any(passes):  # lookups: the rate rose to its best and only falls now
+            break
         tokens += worth
         if passes[i] is not None:  # one more row in the draft's j-th pass (the first of it: the pass itself)
             key = (id(passes[i]), -j)

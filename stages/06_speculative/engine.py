@@ -58,7 +58,7 @@ def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: Ker
         own = BlockManager(blocks.num_blocks, blocks.block_size)  # stage 03's, for the draft's own KV
         budget = config.scheduler.max_num_batched_tokens
         method = DraftModelProposer(draft, paged_cache(draft, own), own, budget, k, off)
-    return [PredictionProposer(tokenizer, k, off), method]
+    return [PredictionProposer(tokenizer, spec.prediction_k, off), method]
 
 
 def speculative_policy(config: EngineConfig, forced: bool = False) -> AdaptiveDrafts | None:
