@@ -23,7 +23,7 @@ def test_decode_steps_are_timed_apart_from_prefill_and_tokens_stay_the_reference
     r = decode_step.run(folder, "bf16", 3, 16, 5)
     # 3 prompts of 16 tokens fit the 512-token budget: one step prefills them all (and samples each one's first
     # token), then every step feeds each request one token until each has 5.
-    assert [tokens for _, tokens in r["mixed"]] == [48] and len(r["walls"]) == 4
+    assert [tokens for _, tokens in r["mixed"]] == [48] and len(r["walls"]) == 4 and r["fewer"] == []
     expected = [o.token_ids for o in ReferenceLLM(folder, dtype="bfloat16").generate(
         prompts_for(Point("", folder, "04-bf16", 16, 3, 5)), SamplingParams(temperature=0, max_tokens=5,
                                                                             ignore_eos=True))]
@@ -36,7 +36,15 @@ def test_decode_steps_are_timed_apart_from_prefill_and_tokens_stay_the_reference
     assert (invariant.RowTiled.__call__, attention_native.NativeTable.attention) == (call, attend)  # put back
     decode_step.report(r)
     out = capsys.readouterr().out
-    assert "decode-only steps: 4" in out and "the rest" in out
+    assert "decode-only steps of all 3: 4" in out and "the rest" in out
+
+
+def test_steps_after_the_first_requests_finish_are_kept_apart(folder):
+    # Two prompts of 300 tokens under a 512-token budget: the first prefills alone and starts decoding while the
+    # second's prompt is fed in two steps, so the first finishes its 4 tokens a step before the second.
+    r = decode_step.run(folder, "bf16", 2, 300, 4)
+    assert [tokens for _, tokens in r["mixed"]] == [512, 89] and len(r["walls"]) == 2
+    assert [rows for _, rows in r["fewer"]] == [1]
 
 
 def test_an_unknown_precision_is_refused(folder):

@@ -65,7 +65,9 @@ def run(folder: str, precision: str, in_flight: int, prompt: int, tokens: int) -
         engine.runner.run = run_step
         llm.generate([WARM], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
         prompts = prompts_for(Point("", folder, f"04-{precision}", prompt, in_flight, tokens))  # the sweep's
-        decode, walls, mixed, step_of = defaultdict(float), [], [], llm.step  # mixed: (seconds, tokens fed)
+        # walls: the decode-only steps of every request; mixed: (seconds, tokens fed) of the steps that prefilled;
+        # fewer: (seconds, rows) of the decode-only steps once some requests have finished
+        decode, walls, mixed, fewer, step_of = defaultdict(float), [], [], [], llm.step
 
         def counted_step():
             step.clear()
@@ -73,12 +75,15 @@ def run(folder: str, precision: str, in_flight: int, prompt: int, tokens: int) -
             start = time.perf_counter()
             event = step_of()
             wall = time.perf_counter() - start
-            if lens and len(lens[0]) == in_flight and all(n == 1 for n in lens[0]):
+            fed = lens[0] if lens else []
+            if any(n > 1 for n in fed):
+                mixed.append((wall, sum(fed)))
+            elif len(fed) < in_flight:
+                fewer.append((wall, len(fed)))
+            else:
                 walls.append(wall)
                 for k, v in step.items():
                     decode[k] += v
-            else:
-                mixed.append((wall, sum(lens[0]) if lens else 0))
             return event
         llm.step = counted_step
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
@@ -90,7 +95,8 @@ def run(folder: str, precision: str, in_flight: int, prompt: int, tokens: int) -
     n = len(walls)
     return {"label": f"{folder}: {precision} linears, {in_flight} x {prompt}-token prompts, {tokens} out; "
                      f"{llm.execution_path}", "in_flight": in_flight, "tpot": tpot, "mixed": mixed, "walls": walls,
-            "parts": {k: v / n for k, v in decode.items()} if n else {}, "tokens": [o.token_ids for o in outs],
+            "fewer": fewer, "parts": {k: v / n for k, v in decode.items()} if n else {},
+            "tokens": [o.token_ids for o in outs],
             "alone": linears_alone(model, in_flight), "layers": len(model.layers)}
 
 
@@ -99,12 +105,12 @@ def report(r: dict) -> None:
     print(r["label"])
     mixed = ", ".join(f"{1e3 * w:.0f} ms/{t} tok" for w, t in r["mixed"])
     print(f"  sweep's TPOT (median over requests) {1e3 * tpot:.1f} ms = {k / tpot:.1f} decode tok/s; "
-          f"{len(r['mixed'])} steps with prompt tokens ({mixed})")
+          f"{len(r['mixed'])} steps with prompt tokens ({mixed}); {len(r['fewer'])} decode steps of fewer rows")
     if not walls:
         return
     wall = float(np.mean(walls))
-    print(f"  decode-only steps: {len(walls)}, mean {1e3 * wall:.1f} ms, median {1e3 * np.median(walls):.1f} ms "
-          f"= {k / np.median(walls):.1f} tok/s")
+    print(f"  decode-only steps of all {k}: {len(walls)}, mean {1e3 * wall:.1f} ms, "
+          f"median {1e3 * np.median(walls):.1f} ms = {k / np.median(walls):.1f} tok/s")
     linears = sum(v for name, v in parts.items() if name.startswith("linear"))
     rows = sorted(parts.items(), key=lambda kv: -kv[1]) + [("linears, all", linears),
                                                            ("the rest", wall - sum(parts.values()))]
