@@ -33,10 +33,12 @@ def test_decode_steps_are_timed_apart_from_prefill_and_tokens_stay_the_reference
             "scheduler", "block tables"} <= set(parts)
     assert all(v > 0 for v in parts.values()) and sum(parts.values()) < sum(r["walls"]) / len(r["walls"])
     assert set(r["alone"]) == {"qkv", "o", "gate_up", "down", "lm_head"} and r["layers"] == 2
+    assert {"linear qkv", "norms"} <= set(r["prefill parts"])
+    assert sum(r["prefill parts"].values()) < sum(w for w, _ in r["mixed"])
     assert (invariant.RowTiled.__call__, attention_native.NativeTable.attention) == (call, attend)  # put back
     decode_step.report(r)
     out = capsys.readouterr().out
-    assert "decode-only steps of all 3: 4" in out and "the rest" in out
+    assert "decode-only steps of all 3: 4" in out and "the rest" in out and "with prompt tokens, share" in out
 
 
 def test_steps_after_the_first_requests_finish_are_kept_apart(folder):

@@ -68,6 +68,7 @@ def run(folder: str, precision: str, in_flight: int, prompt: int, tokens: int) -
         # walls: the decode-only steps of every request; mixed: (seconds, tokens fed) of the steps that prefilled;
         # fewer: (seconds, rows) of the decode-only steps once some requests have finished
         decode, walls, mixed, fewer, step_of = defaultdict(float), [], [], [], llm.step
+        prefill = defaultdict(float)  # the parts of the steps that prefilled, summed
 
         def counted_step():
             step.clear()
@@ -78,6 +79,8 @@ def run(folder: str, precision: str, in_flight: int, prompt: int, tokens: int) -
             fed = lens[0] if lens else []
             if any(n > 1 for n in fed):
                 mixed.append((wall, sum(fed)))
+                for k, v in step.items():
+                    prefill[k] += v
             elif len(fed) < in_flight:
                 fewer.append((wall, len(fed)))
             else:
@@ -95,7 +98,7 @@ def run(folder: str, precision: str, in_flight: int, prompt: int, tokens: int) -
     n = len(walls)
     return {"label": f"{folder}: {precision} linears, {in_flight} x {prompt}-token prompts, {tokens} out; "
                      f"{llm.execution_path}", "in_flight": in_flight, "tpot": tpot, "mixed": mixed, "walls": walls,
-            "fewer": fewer, "parts": {k: v / n for k, v in decode.items()} if n else {},
+            "fewer": fewer, "parts": {k: v / n for k, v in decode.items()} if n else {}, "prefill parts": prefill,
             "tokens": [o.token_ids for o in outs],
             "alone": linears_alone(model, in_flight), "layers": len(model.layers)}
 
@@ -116,6 +119,11 @@ def report(r: dict) -> None:
                                                            ("the rest", wall - sum(parts.values()))]
     for name, v in rows:
         print(f"    {name:22s} {1e3 * v:8.2f} ms a step ({100 * v / wall:4.1f}%)")
+    if r["mixed"]:  # the same parts in the steps that prefilled, for comparison
+        total, parts = sum(w for w, _ in r["mixed"]), r["prefill parts"]
+        shares = sorted(parts.items(), key=lambda kv: -kv[1]) + [("the rest", total - sum(parts.values()))]
+        print("  the steps with prompt tokens, share of their time: "
+              + ", ".join(f"{name} {100 * v / total:.1f}%" for name, v in shares))
     alone = r["alone"]
     per_step = r["layers"] * sum(v for name, v in alone.items() if name != "lm_head") + alone["lm_head"]
     print("  each linear alone at the step's rows, ms: " + ", ".join(f"{n} {1e3 * v:.2f}" for n, v in alone.items())
