@@ -17,6 +17,7 @@ from collections import defaultdict
 
 import numpy as np
 
+
 def timed(owner, name: str, part, step: dict) -> None:
     """Wrap ``owner.name`` so that its seconds add to ``step[part(args)]`` (a part name, or None: not counted)."""
     original = getattr(owner, name)
