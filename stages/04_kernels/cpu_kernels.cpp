@@ -14,6 +14,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <cmath>
@@ -28,6 +29,15 @@ using stepwise::round_to;
 using stepwise::widen;
 
 constexpr int LANES = 16;  // common.ops.LANES
+
+// Rows per thread's share, from a row's width: a share of about ELEMENTS_PER_SHARE values, so the 16 rows of a
+// decode step at a 2,048-wide model split over two threads (8 rows each), while a small model's rows (576 wide)
+// stay on one thread, where a second one's wake-up would cost more than its share. A fixed grain of 16 rows kept
+// every decode step of up to 16 rows on one thread. Every row's result is its own, so the split changes no bit.
+constexpr int64_t ELEMENTS_PER_SHARE = 16384;
+inline int64_t row_grain(int64_t width) {
+  return std::max<int64_t>(1, ELEMENTS_PER_SHARE / std::max<int64_t>(width, 1));
+}
 
 // (RMSNorm(x + residual) * weight, x + residual) for rows of `hidden` values.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
@@ -54,7 +64,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
     };
     request(wp);
     if (rows == 1) request(rp);
-    stepwise::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    stepwise::parallel_for(0, rows, row_grain(hidden), [&](int64_t begin, int64_t end) {
       std::vector<float> xf(hidden);
       for (int64_t row = begin; row < end; ++row) {
         const int64_t base = row * hidden;
@@ -104,7 +114,7 @@ at::Tensor rope_qk(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qc.scalar_type(), "fused_rope_qk", [&] {
     const scalar_t* xp = qc.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    stepwise::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    stepwise::parallel_for(0, tokens, row_grain(width), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
         for (int64_t h = 0; h < rotated; ++h)
           rotate(xp + t * width + h * d, cc.data_ptr<float>() + t * d, sc.data_ptr<float>() + t * d, d,
@@ -133,7 +143,7 @@ at::Tensor rope_qk_store(const at::Tensor& qkv, const at::Tensor& cos, const at:
     const scalar_t* xp = qc.data_ptr<scalar_t>();
     scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k_rows.data_ptr<scalar_t>(), *vp = v_rows.data_ptr<scalar_t>();
     const int64_t* rp = rows.data_ptr<int64_t>();
-    stepwise::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    stepwise::parallel_for(0, tokens, row_grain(width), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const float *c = cc.data_ptr<float>() + t * d, *s = sc.data_ptr<float>() + t * d;
         const scalar_t* x = xp + t * width;
