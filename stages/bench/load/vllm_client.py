@@ -81,11 +81,12 @@ def bench_command(cli: list[str], url: str, name: str, tokenizer: Path, s: Bench
 
 
 def server_command(server: str, stage: str, folder: Path, name: str, url: str, max_num_seqs: int,
-                   cli: list[str]) -> list[str]:
-    """The server's command line: this project's `serve` (stage 07 or 05), or `vllm serve` on the dense weights."""
+                   cli: list[str], budget: int | None = None) -> list[str]:
+    """The server's command line: this project's `serve` (stage 07 or 05), or `vllm serve` on the dense weights;
+    ``budget``: the tokens a step may feed, told to either (None: each its own default, ours 512, vLLM's 2,048)."""
     port = url.rsplit(":", 1)[1]
     common = ["--served-model-name", name, "--dtype", "bfloat16", "--max-num-seqs", str(max_num_seqs),
-              "--host", "127.0.0.1", "--port", port]
+              "--host", "127.0.0.1", "--port", port] + ["--max-num-batched-tokens", str(budget)] * (budget is not None)
     if server == "vllm":  # a folder of links without the Q4_1 blocks, which vLLM would also load
         return [*cli, "serve", str(peer_vllm.dense_folder(folder)), *common, "--seed", "0",
                 "--max-model-len", str(VLLM_MAX_MODEL_LEN)]
@@ -145,6 +146,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-concurrency", type=int, default=16)
     ap.add_argument("--input-len", type=int, default=128, help="random tokens a prompt")
     ap.add_argument("--output-len", type=int, default=64, help="tokens an answer (EOS ignored)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="tokens a step may feed, told to both servers (default: each its own, ours 512, vLLM 2048)")
     ap.add_argument("--servers", default="ours,vllm", help="which servers, in this order: ours, vllm")
     ap.add_argument("--result-dir", type=Path, default=home() / "bench-serve")
     ap.add_argument("--start-timeout", type=float, default=1200, help="seconds a server may take to be ready")
@@ -152,8 +155,8 @@ def main(argv=None) -> dict:
     servers = [x.strip() for x in args.servers.split(",") if x.strip()]
     if not servers or set(servers) - set(SERVERS):
         ap.error(f"--servers: {args.servers!r}; give a comma-separated list of {', '.join(SERVERS)}")
-    for key in ("num_prompts", "max_concurrency", "input_len", "output_len"):
-        if getattr(args, key) < 1:
+    for key in ("num_prompts", "max_concurrency", "input_len", "output_len", "max_num_batched_tokens"):
+        if getattr(args, key) is not None and getattr(args, key) < 1:
             ap.error(f"--{key.replace('_', '-')} must be 1 or more (got {getattr(args, key)})")
     if reason := peer_vllm.vllm_available():  # the client is vLLM's, whichever servers run
         raise SystemExit(f"error: {reason}")
@@ -179,7 +182,8 @@ def run(args: argparse.Namespace, servers: list[str]) -> dict:
         results = {}
         for server in servers:
             url, out = free_url(), args.result_dir / f"{stamp}-{name}-{server}.json"
-            cmd = server_command(server, args.stage, folder, name, url, s.max_concurrency, cli)
+            cmd = server_command(server, args.stage, folder, name, url, s.max_concurrency, cli,
+                                 args.max_num_batched_tokens)
             bench = bench_command(cli, url, name, folder, s, out)
             console.print(f"[bold]{server}:[/] {shown(cmd, cli)}\n[bold]client:[/] {shown(bench, cli)}")
             env = peer_vllm.vllm_env() if server == "vllm" else dict(os.environ)
