@@ -46,3 +46,31 @@ def test_bad_input_is_refused(models_dir):
         scale.main(["--models-dir", str(models_dir), "--models", "llama-3.2-3b", "--dry-run"])
     with pytest.raises(ValueError, match="unknown engine 'tgi'"):
         scale.main(["--models-dir", str(models_dir), "--models", "q05", "--engines", "tgi", "--dry-run"])
+
+
+def test_a_vllm_point_runs_through_the_peer_with_the_points_context(tmp_path, monkeypatch):
+    """The vLLM engine of the sweep: the point's prompts through the peer's runner (a stand-in here: vLLM is not in
+    the test venv), told the point's context and to ignore EOS; the figures from its first and last token times."""
+    from stages.bench import peer_vllm, scale_run
+
+    monkeypatch.setenv("STEPWISE_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"x" * 1000)
+    seen = {}
+
+    def fake_run(settings):
+        seen.update(settings)
+        firsts = [0.5, 1.0]  # request 2's first token after 1 s, then 4 more tokens 0.25 s apart; request 1's 0.1 s
+        return {"wall_s": 2.0, "requests": [{"first_token_s": f, "last_token_s": f + 4 * gap, "token_ids": [7] * 5}
+                                            for f, gap in zip(firsts, (0.1, 0.25))]}
+
+    monkeypatch.setattr(peer_vllm, "run_vllm", fake_run)
+    point = scale_plan.Point("m", str(folder), "vllm-bf16", 16, 2, 5)
+    got = scale_run.run_point(point)
+    assert seen["max_model_len"] >= 16 + 5 and seen["ignore_eos"] and seen["max_num_seqs"] == 2
+    assert seen["max_num_batched_tokens"] == scale_run.budget(point) == 512  # the stages' budget
+    assert seen["prompts"] == prompts_for(point) and seen["max_tokens"] == [5, 5]
+    assert got["TTFT s"] == pytest.approx(0.75) and got["prefill tok/s"] == pytest.approx(32 / 1.0)
+    assert got["TPOT ms"] == pytest.approx(175.0) and got["decode tok/s"] == pytest.approx(2 / 0.175)
+    assert got["output tok/s"] == pytest.approx(10 / 2.0) and got["weight bytes"] == 1000

@@ -29,11 +29,22 @@ def prompts_for(point: Point, vocab: int = 49152) -> list[list[int]]:
 
 def summary(arrival: float, firsts: list[float], token_times: list[list[float]], prompt_tokens: int,
             end: float) -> dict:
-    tpot = [(t[-1] - t[0]) / (len(t) - 1) for t in token_times if len(t) > 1]
-    out = sum(len(t) for t in token_times)
+    return summary_of_ends(arrival, firsts, [(t[0], t[-1], len(t)) for t in token_times], prompt_tokens, end)
+
+
+def summary_of_ends(arrival: float, firsts: list[float], ends: list[tuple[float, float, int]], prompt_tokens: int,
+                    end: float) -> dict:
+    """The point's figures from each request's first and last token times and token count (vLLM keeps no more)."""
+    tpot = [(last - first) / (n - 1) for first, last, n in ends if n > 1]
+    out = sum(n for _, _, n in ends)
     tpot_s = median(tpot) if tpot else float("nan")
     return {"TTFT s": median(f - arrival for f in firsts), "prefill tok/s": prompt_tokens / (max(firsts) - arrival),
-            "TPOT ms": 1e3 * tpot_s, "decode tok/s": len(token_times) / tpot_s, "output tok/s": out / (end - arrival)}
+            "TPOT ms": 1e3 * tpot_s, "decode tok/s": len(ends) / tpot_s, "output tok/s": out / (end - arrival)}
+
+
+def budget(point: Point) -> int:
+    """Tokens a step may feed, the same for the stages and vLLM (the stages' default; llama.cpp's batch is 512 too)."""
+    return max(512, point.in_flight)
 
 
 def run_stage(point: Point, prompts: list[list[int]]) -> dict:
@@ -45,7 +56,7 @@ def run_stage(point: Point, prompts: list[list[int]]) -> dict:
     module = importlib.import_module({"04": "stages.kernels", "05": "stages.streaming"}[stage])
     llm = module.LLM(point.folder, dtype="bfloat16", quantization=None if precision == "bf16" else precision,
                      max_num_seqs=point.in_flight, max_model_len=-(-(point.prompt + point.out_tokens + 1) // 16) * 16,
-                     max_num_batched_tokens=max(512, point.in_flight))
+                     max_num_batched_tokens=budget(point))
     params = SamplingParams(temperature=0, max_tokens=point.out_tokens, ignore_eos=True)
     llm.generate([WARM], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm (no shared prefix)
     start = time.perf_counter()
@@ -80,10 +91,31 @@ def run_llama_cpp(point: Point, prompts: list[list[int]]) -> dict:
     return figures | {"weight bytes": path.stat().st_size, "tokens": [s.tokens for s in slots]}
 
 
+def run_vllm(point: Point, prompts: list[list[int]]) -> dict:
+    """vLLM's offline `LLM` in its own venv (peer_vllm.py), told the stages' step budget (a prefill's steps stall
+    the decodes beside it, and TPOT counts them), the point's context (the shape's own, 131,072 tokens at 1B, would
+    not fit its KV space) and to ignore EOS; its start, compile and warm-up request are outside the timed run; the
+    engine core's first and last token times of each request."""
+    from pathlib import Path
+
+    from .peer_vllm import run_vllm as run, settings_for
+
+    settings, _ = settings_for(point.folder, prompts, [point.out_tokens] * len(prompts), [], point.in_flight,
+                               "bfloat16")
+    result = run(settings | {"max_model_len": point.prompt + point.out_tokens + 16,
+                             "max_num_batched_tokens": budget(point)})
+    ends = [(r["first_token_s"], r["last_token_s"], len(r["token_ids"])) for r in result["requests"]]
+    figures = summary_of_ends(0.0, [e[0] for e in ends], ends, sum(map(len, prompts)), result["wall_s"])
+    return figures | {"weight bytes": (Path(point.folder) / "model.safetensors").stat().st_size,
+                      "tokens": [r["token_ids"] for r in result["requests"]]}
+
+
 def run_point(point: Point) -> dict:
     prompts = prompts_for(point)
     if point.engine.startswith("llama.cpp"):
         return run_llama_cpp(point, prompts)
+    if point.engine.startswith("vllm"):
+        return run_vllm(point, prompts)
     return run_stage(point, prompts)
 
 

@@ -21,8 +21,9 @@ def run(settings: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
+    limits = {k: settings[k] for k in ("max_model_len", "max_num_batched_tokens") if settings.get(k)}  # else vLLM's
     llm = LLM(model=settings["folder"], dtype=settings["dtype"], max_num_seqs=settings["max_num_seqs"],
-              seed=0, disable_log_stats=False)
+              seed=0, disable_log_stats=False, **limits)
     start_s = time.perf_counter() - t0
 
     def params(max_tokens: int) -> SamplingParams:
