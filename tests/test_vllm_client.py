@@ -192,3 +192,8 @@ def test_a_step_budget_is_told_to_both_servers_and_reaches_our_engines(tmp_path,
     assert [o.get("max_num_batched_tokens") for o in built] == [2048, None, 2048, 512]  # None: the engine's 512
     with pytest.raises(SystemExit):
         vllm_client.main(["--max-num-batched-tokens", "0"])
+    ran = {}
+    monkeypatch.setattr(peer_vllm, "vllm_available", lambda: None)
+    monkeypatch.setattr(vllm_client, "run", lambda args, servers: ran.update(budget=args.max_num_batched_tokens))
+    vllm_client.main([])
+    assert ran["budget"] == 2048  # told to both by default: vLLM's CPU server's own

@@ -7,7 +7,8 @@ fresh, the same requests and settings; their figures side by side with the ratio
 computes the same figures by the same definitions; this run takes the instrument out of the question: both
 servers are timed by vLLM's code.
 
-Both servers are told the same: the model folder, bfloat16, at most --max-concurrency requests running, and the
+Both servers are told the same: the model folder, bfloat16, at most --max-concurrency requests running, the tokens
+a step may feed (--max-num-batched-tokens, 2,048: vLLM's CPU server's default, where our `serve` takes 512), and the
 client sends the same prompts to each (the random dataset is seeded): --input-len random token ids decoded to
 text, sent to /v1/completions (`--backend openai`), --output-len tokens each whatever they say (--ignore-eos),
 greedy (--temperature 0: the two servers' sampling defaults differ, a model folder's generation_config.json can
@@ -146,8 +147,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-concurrency", type=int, default=16)
     ap.add_argument("--input-len", type=int, default=128, help="random tokens a prompt")
     ap.add_argument("--output-len", type=int, default=64, help="tokens an answer (EOS ignored)")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
-                    help="tokens a step may feed, told to both servers (default: each its own, ours 512, vLLM 2048)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                    help="tokens a step may feed, told to both servers (vLLM's CPU server's default; our serve's: 512)")
     ap.add_argument("--servers", default="ours,vllm", help="which servers, in this order: ours, vllm")
     ap.add_argument("--result-dir", type=Path, default=home() / "bench-serve")
     ap.add_argument("--start-timeout", type=float, default=1200, help="seconds a server may take to be ready")
