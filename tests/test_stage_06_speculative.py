@@ -125,6 +125,21 @@ def test_prediction_proposer_realigns_after_an_edit():
     assert p.realign(ids, [99], 0) is None
 
 
+def test_a_used_up_prediction_gives_the_request_back_to_the_method():
+    """While the output follows the prediction, the prediction claims the request and drafts its continuation; once
+    the output has reached the prediction's end it no longer claims it (the method's proposer drafts the rest)."""
+    from common.sequence import Sequence
+    p = proposers.PredictionProposer(tokenizer=None, k=4)
+    seq = Sequence([1, 2], SamplingParams(temperature=0, max_tokens=9, prediction="x"), 0, torch.device("cpu"),
+                   prediction_ids=[10, 11, 12])
+    assert p.claims(seq)
+    for token in (10, 11):
+        seq.append_token(token)
+    assert p.claims(seq) and p.propose([seq], [4]) == [[12]]
+    seq.append_token(12)
+    assert not p.claims(seq)
+
+
 # ---- identical tokens ----------------------------------------------------------------------------------------------
 @st.composite
 def repetitive_workloads(draw):

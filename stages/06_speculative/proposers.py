@@ -52,7 +52,7 @@ class NgramProposer(Proposer):
 class PredictionProposer(Proposer):
     """Drafts a request's predicted output on from where the output stands in it; past an edit, from where its last
     tokens (up to ``max_n``) occur in it again, first after where it stood (numpy: a 1 MB prediction in 1 ms). While
-    its last two tokens are not found there (it repeats the question, say), the method's proposer drafts instead."""
+    its last two tokens are not found there (it repeats the question, say), or it is used up, the method drafts."""
 
     def __init__(self, tokenizer, k: int, disable_by_batch_size: int | None = None, max_n: int = 8):
         super().__init__(k, disable_by_batch_size)
@@ -61,7 +61,7 @@ class PredictionProposer(Proposer):
 
     def claims(self, seq: Sequence) -> bool:
         ids, at = self.follow(seq) if seq.params.prediction is not None else (None, None)
-        return at is not None and np.array_equal(ids[max(at - 2, 0):at], seq.output_token_ids[-2:])
+        return at is not None and at < len(ids) and np.array_equal(ids[max(at - 2, 0):at], seq.output_token_ids[-2:])
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         self.state = {i: s for i, s in self.state.items() if not s[0].is_finished}
