@@ -189,7 +189,7 @@ def test_a_step_budget_is_told_to_both_servers_and_reaches_our_engines(tmp_path,
         monkeypatch.setattr(main, "LLM", Engine)
         main.main(argv + ["--max-num-batched-tokens", "2048"])
         main.main(argv)
-    assert [o.get("max_num_batched_tokens") for o in built] == [2048, None, 2048, 512]  # None: the engine's 512
+    assert [o.get("max_num_batched_tokens") for o in built] == [2048, 512, 2048, 512]  # the engine's default
     with pytest.raises(SystemExit):
         vllm_client.main(["--max-num-batched-tokens", "0"])
     ran = {}

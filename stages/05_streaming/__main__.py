@@ -73,8 +73,7 @@ def run(args: argparse.Namespace) -> None:
     args.max_num_seqs = args.max_num_seqs or 16
     llm = LLM(args.model, dtype=args.dtype, device=args.device, quantization=args.quantization,
               max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, kv_cache_memory=args.kv_memory,
-              max_waiting=args.max_waiting,
-              **({} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}))
+              max_waiting=args.max_waiting, max_num_batched_tokens=args.max_num_batched_tokens)
     console.print(f"[bold]engine:[/] stage 05 on {llm.execution_path}, {args.dtype}")
     recorder = xray.recorder(args, {"model": args.model, "workload": args.command, "kv_memory": args.kv_memory},
                              label=f"05 streaming ({args.command})",

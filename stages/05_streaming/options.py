@@ -22,8 +22,8 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=None,
                     help="running requests per engine (default 16; cluster: calibrated from --tpot-target-ms)")
     ap.add_argument("--max-model-len", type=int, default=None)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
-                    help="tokens one step feeds, prompt chunks and decodes together (default 512; vLLM's CPU server: 2048)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512,
+                    help="tokens one step feeds, prompt chunks and decodes together (vLLM's CPU server: 2048)")
     ap.add_argument("--kv-memory", default=None, help="KV budget: '256MiB', bytes, or a fraction of free memory")
     ap.add_argument("--max-waiting", type=int, default=256, help="queue length past which requests get 503")
     ap.add_argument("--api-key", default=os.environ.get("STEPWISE_API_KEY"),
