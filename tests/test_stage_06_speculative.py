@@ -138,6 +138,11 @@ def test_a_used_up_prediction_gives_the_request_back_to_the_method():
     assert p.claims(seq) and p.propose([seq], [4]) == [[12]]
     seq.append_token(12)
     assert not p.claims(seq)
+    from common.sequence import SequenceStatus  # a request claims follows but propose never asks: forgotten once
+    seq.status = SequenceStatus.FINISHED  # it finishes, when the next request is followed (the state stays bounded)
+    later = Sequence([1, 2], SamplingParams(temperature=0, max_tokens=9, prediction="x"), 0, torch.device("cpu"),
+                     prediction_ids=[10, 11, 12])
+    assert p.claims(later) and list(p.state) == [later.seq_id]
 
 
 # ---- identical tokens ----------------------------------------------------------------------------------------------

@@ -50,9 +50,8 @@ class NgramProposer(Proposer):
 
 
 class PredictionProposer(Proposer):
-    """Drafts a request's predicted output on from where the output stands in it; past an edit, from where its last
-    tokens (up to ``max_n``) occur in it again, first after where it stood (numpy: a 1 MB prediction in 1 ms). While
-    its last two tokens are not found there (it repeats the question, say), or it is used up, the method drafts."""
+    """Drafts a request's predicted output on from where the output stands in it (past an edit: where its last tokens,
+    up to ``max_n``, occur again, first after where it stood); while it is lost or used up, the method drafts."""
 
     def __init__(self, tokenizer, k: int, disable_by_batch_size: int | None = None, max_n: int = 8):
         super().__init__(k, disable_by_batch_size)
@@ -64,11 +63,12 @@ class PredictionProposer(Proposer):
         return at is not None and at < len(ids) and np.array_equal(ids[max(at - 2, 0):at], seq.output_token_ids[-2:])
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
-        self.state = {i: s for i, s in self.state.items() if not s[0].is_finished}
         return [[] if at is None else ids[at:at + k].tolist() for (ids, at), k in zip(map(self.follow, seqs), ks)]
 
     def follow(self, seq: Sequence) -> tuple[np.ndarray, int | None]:
         """The prediction's ids and where the output stands in them (None: nowhere), caught up with its new tokens."""
+        if seq.seq_id not in self.state:  # a new request: the finished go (claims follows some propose never asks)
+            self.state = {i: s for i, s in self.state.items() if not s[0].is_finished}
         _, ids, seen, at = self.state.get(seq.seq_id) or (seq, self.prediction_ids(seq), 0, 0)
         out = seq.output_token_ids
         follows = at is not None and np.array_equal(ids[at:at + len(out) - seen], out[seen:])
