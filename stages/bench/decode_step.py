@@ -1,13 +1,14 @@
 """`python -m stages.bench.decode_step --model FOLDER --precision bf16,int4 --in-flight 16`: where a decode step of
 many requests goes, through stage 04 as the scale sweep runs it (the same prompts, token budget and warm-up).
 
-Why: the sweep's "decode tok/s" is in-flight / the median time per output token (TPOT), and a request's TPOT
-counts every step between its first and last token, including the steps that prefill the later requests' prompts
-(512-token chunks under the sweep's budget). This prints both: the sweep's TPOT, and the steps that decoded only
-(every row one token), with each part of them timed in this process (perf_counter around the scheduler, the cache's
-addressing, the linears by name, the compiled attention, the fused element-wise kernels; "the rest" is the step's
-wall time less those: the embedding, the logits' float32, sampling, Python between). Then each linear alone at the
-step's rows, for the sum of the linears without the rest. CPU only. docs/scale.md quotes it.
+Why: the sweep's TPOT p50 (and its "decode tok/s" until 2026-12-07, in-flight / TPOT p50) counts every step between
+a request's first and last token, including the steps that prefill the later requests' prompts (512-token chunks
+under the sweep's budget); the sweep's steady decode rate (steady.py) is the decode-only steps' rate, untimed
+inside. This prints both the sweep's TPOT and the steps that decoded only (every row one token), with each part of
+them timed in this process (perf_counter around the scheduler, the cache's addressing, the linears by name, the
+compiled attention, the fused element-wise kernels; "the rest" is the step's wall time less those: the embedding,
+the logits' float32, sampling, Python between). Then each linear alone at the step's rows, for the sum of the
+linears without the rest. CPU only. docs/scale.md quotes it.
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def report(r: dict) -> None:
     tpot, walls, parts, k = r["tpot"], r["walls"], r["parts"], r["in_flight"]
     print(r["label"])
     mixed = ", ".join(f"{1e3 * w:.0f} ms/{t} tok" for w, t in r["mixed"])
-    print(f"  sweep's TPOT (median over requests) {1e3 * tpot:.1f} ms = {k / tpot:.1f} decode tok/s; "
+    print(f"  sweep's TPOT (median over requests) {1e3 * tpot:.1f} ms (in flight / TPOT {k / tpot:.1f} tok/s); "
           f"{len(r['mixed'])} steps with prompt tokens ({mixed}); {len(r['fewer'])} decode steps of fewer rows")
     if not walls:
         return

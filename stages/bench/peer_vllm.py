@@ -15,9 +15,10 @@ gets a folder of links to the dense checkpoint, without the prepared folder's Q4
 
 Counting as the stages: output tokens up to and including EOS. vLLM 0.32 keeps the stop token in a request's
 `token_ids` (every request that stopped ended with it); were it left out, `tokens_like_ours` puts it back from
-`stop_reason`. Times: vLLM's own per-request `RequestOutput.metrics` (engine-core timestamps of the first and
-last token, kept with `disable_log_stats=False`), measured from the start of the timed run, in which every
-request arrives at once: TTFT from that start, TPOT as (last - first) / (tokens - 1). The start (loading,
+`stop_reason`. Times: vLLM's own per-request `RequestOutput.metrics` (engine-core timestamps, kept with
+`disable_log_stats=False`; the runner steps the engine and keeps each token's, "token_s"), measured from the start
+of the timed run, in which every request arrives at once: TTFT from that start, TPOT as (last - first) / (tokens -
+1). The start (loading,
 compiling: about a minute the first time) and one warm request come before, reported as "start s", never
 counted in the throughput.
 """

@@ -7,7 +7,11 @@ llama.cpp (one at a time and batched) on the same random weights, each point in 
         --json /tmp/scale.json --plot /tmp/scale.png
     python -m stages.bench.scale --dry-run      # the plan and the skips, nothing loaded
 
-Timings are only worth reading from a machine with nothing else running (docs/scale.md).
+Per point, two figures for decoding, which differ when many requests arrive at once: TPOT p50, what a user waits
+per token (the steps that prefill other requests' prompts after its first token included), and the steady decode
+rate, tokens a second while every request is decoding (stages/bench/steady.py; "n/a" where no such moment came).
+scale_run.py says how each figure is taken. Timings are only worth reading from a machine with nothing else running
+(docs/scale.md).
 """
 from __future__ import annotations
 
