@@ -113,7 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workload", default="edit", help="stage 06's workload (default edit)")
     ap.add_argument("--num-requests", type=int, default=8, help="requests, one at a time (default 8, as the stage)")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None, help="torch's threads (default: torch's own; the engines' "
+                    "2 on the 2-core machines: 1 keeps a loaded machine's other processes from stalling each call)")
     args = ap.parse_args(argv)
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(args.threads)
     from common.paths import DEFAULT_MODEL
     args.model, args.dtype = args.model or DEFAULT_MODEL, "bfloat16"
     options = dict(dtype="bfloat16", max_num_seqs=1, kv_cache_memory=kv_budget(args, 1), max_model_len=1024)
