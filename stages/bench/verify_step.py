@@ -7,8 +7,9 @@ attention with RoPE and the KV write, the norms, SwiGLU, the LM head, and "the r
 float32, verification and sampling, Python between). It prints the share of the wall time the prompts take (the same
 in both stages, so a larger share of stage 06's), then stage 06's decoding steps by the rows they fed, grouped by the
 AVX-512 linear kernel's passes of 6 rows (``AVX_ROWS``), with the tokens each kept; then the LM head and one layer's
-linears alone at 1, 6, 7, 12, 13, 17 and 18 rows (the 10th percentile of alternated calls): whether a pass that
-holds one row costs what a full one does. CPU only; run it alone (docs/speculative.md quotes it).
+linears alone at 1, 6, 7, 12, 13, 17 and 18 rows (the 10th percentile of alternated calls; the layer's weights stay
+in cache, the LM head's come from memory): whether a pass that holds one row costs what a full one does. CPU only;
+run it alone (docs/speculative.md quotes it).
 """
 from __future__ import annotations
 
