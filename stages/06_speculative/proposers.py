@@ -16,9 +16,8 @@ from .proposer import Proposer
 def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int, factor: float | None = None) -> list[int]:
     """vLLM's rule: up to ``k`` tokens that followed the first earlier occurrence of the longest suffix of ``tokens``
     of ``min_n`` to ``max_n`` tokens (none if none recurs): ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``;
-    with a ``factor``, at most factor x n (suffix decoding's: a long match is a copy, a 1-token one a guess). Run for
-    every request every step, so fast: each earlier place of the last token (``list.index``, a scan in C) is a
-    candidate end, extended backwards while the tokens agree; only a strictly longer one replaces the best."""
+    ``factor``: at most factor x n (a long match is a copy, a short one a guess). Fast: each earlier place of the last
+    token (``list.index``, a scan in C) is a candidate end, extended back while the tokens agree (a longer one wins)."""
     # lab 06.1 begin: prompt lookup (n-gram) drafts
     end = len(tokens) - 1  # a match must end before the last token
     max_n = min(max_n, end)
@@ -43,9 +42,8 @@ def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int, factor: floa
 class NgramProposer(Proposer):
     """Drafts from the request's own prompt and output (``speculative_config`` method ``ngram``)."""
 
-    def __init__(self, k: int, min_n: int, max_n: int, disable_by_batch_size: int | None = None,
-                 factor: float | None = None):
-        super().__init__(k, disable_by_batch_size)
+    def __init__(self, k: int, min_n: int, max_n: int, off: int | None = None, factor: float | None = None):
+        super().__init__(k, off)  # off: disable_by_batch_size
         self.min_n, self.max_n, self.factor = min_n, max_n, factor
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
