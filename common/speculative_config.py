@@ -101,7 +101,7 @@ class SpeculativeConfig:
                 raise InvalidParam("speculative_config.prompt_lookup_min", f"speculative_config.prompt_lookup_min="
                                    f"{lo} must be <= prompt_lookup_max={hi}")
         else:
-            for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            for key in ("prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_spec_factor"):
                 if value.get(key) is not None:
                     raise InvalidParam(f"speculative_config.{key}", f"speculative_config.{key} applies to method "
                                        f"'ngram' only, not {method!r}")
@@ -129,11 +129,11 @@ class SpeculativeConfig:
         if predicted is not None:
             check_int("speculative_config.prediction_num_speculative_tokens", predicted, 1, MAX_SPECULATIVE_TOKENS)
         factor = value.get("prompt_lookup_spec_factor")
-        if factor is not None and (method != "ngram" or isinstance(factor, bool) or not isinstance(factor, (int, float))
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
                                    or not 0 < factor <= 64):
-            raise InvalidParam("speculative_config.prompt_lookup_spec_factor", f"speculative_config."
-                               f"prompt_lookup_spec_factor={clip(factor)} is invalid: give a number above 0 to 64, "
-                               f"with method 'ngram' only (got {method!r})")
+            raise InvalidParam("speculative_config.prompt_lookup_spec_factor", f"speculative_config.prompt_lookup_spec_"
+                               f"factor={clip(factor)} is invalid: give a number above 0 to 64 (2: a match of n tokens "
+                               f"drafts at most 2n)")
         return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix, layers, predicted,
                    factor)
 
