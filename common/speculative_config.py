@@ -27,7 +27,7 @@ METHODS = ("ngram", "draft_model", "suffix")
 MAX_SPECULATIVE_TOKENS = 16
 KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model", "quantization",
         "draft_num_layers", "disable_by_batch_size", "enable_adaptive_verification",
-        "prediction_num_speculative_tokens", *(f"suffix_decoding_{k}" for k in
+        "prediction_num_speculative_tokens", "prompt_lookup_spec_factor", *(f"suffix_decoding_{k}" for k in
                                                ("max_tree_depth", "max_cached_requests", "max_spec_factor",
                                                 "min_token_prob"))}
 # vLLM's defaults for method "suffix" (vllm/config/speculative.py): tree depth 24, 10,000 cached answers, drafts of up
@@ -57,6 +57,9 @@ class SpeculativeConfig:
     # Ours (no vLLM key): the most drafts a request's predicted output offers a step; None: num_speculative_tokens.
     # A prediction agrees for long runs, so more may pay where the adaptive policy finds the rows cheap.
     prediction_num_speculative_tokens: int | None = None
+    # Ours (no vLLM key), ngram: a match of n tokens drafts at most factor x n (suffix decoding's
+    # max_spec_factor: a long match is a copy, a 1-token one a guess); None: vLLM's rule, k drafts whatever n.
+    prompt_lookup_spec_factor: float | None = None
 
     @classmethod
     def parse(cls, value) -> SpeculativeConfig | None:
@@ -98,7 +101,7 @@ class SpeculativeConfig:
                 raise InvalidParam("speculative_config.prompt_lookup_min", f"speculative_config.prompt_lookup_min="
                                    f"{lo} must be <= prompt_lookup_max={hi}")
         else:
-            for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            for key in ("prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_spec_factor"):
                 if value.get(key) is not None:
                     raise InvalidParam(f"speculative_config.{key}", f"speculative_config.{key} applies to method "
                                        f"'ngram' only, not {method!r}")
@@ -125,7 +128,14 @@ class SpeculativeConfig:
         predicted = value.get("prediction_num_speculative_tokens")
         if predicted is not None:
             check_int("speculative_config.prediction_num_speculative_tokens", predicted, 1, MAX_SPECULATIVE_TOKENS)
-        return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix, layers, predicted)
+        factor = value.get("prompt_lookup_spec_factor")
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                   or not 0 < factor <= 64):
+            raise InvalidParam("speculative_config.prompt_lookup_spec_factor", f"speculative_config.prompt_lookup_spec_"
+                               f"factor={clip(factor)} is invalid: give a number above 0 to 64 (2: a match of n tokens "
+                               f"drafts at most 2n)")
+        return cls(method, k, lo, hi, value.get("model"), quantization, off, adaptive, suffix, layers, predicted,
+                   factor)
 
     @property
     def prediction_k(self) -> int:
@@ -163,7 +173,9 @@ class SpeculativeConfig:
             (", adaptive: drafts fed where they pay" if self.enable_adaptive_verification else ", every draft fed")
         until += f", predictions up to {self.prediction_k}" if self.prediction_k != k else ""
         if self.method == "ngram":
-            return f"ngram (k={k}, prompt_lookup_min={self.prompt_lookup_min}, max={self.prompt_lookup_max}{until})"
+            factor = self.prompt_lookup_spec_factor
+            return (f"ngram (k={k}, prompt_lookup_min={self.prompt_lookup_min}, max={self.prompt_lookup_max}"
+                    f"{f', drafts up to {factor} x the match' if factor else ''}{until})")
         if self.method == "suffix":
             depth, cached, factor, prob = self.suffix
             return (f"suffix (k={k}, tree depth {depth}, {cached} answers cached, spec factor {factor}, min token "

@@ -92,13 +92,13 @@ def same_outputs(got, expected):
 
 
 # ---- the n-gram lookup, against a brute-force search --------------------------------------------------------------
-def brute_force_lookup(tokens, min_n, max_n, k):
+def brute_force_lookup(tokens, min_n, max_n, k, factor=None):
     """vLLM's rule, spelled out: the longest n in [min_n, max_n] whose last-n tokens occur earlier (ending before
-    the last token); the first such occurrence; the k tokens after it."""
+    the last token); the first such occurrence; the k tokens after it (with a factor: at most floor(factor x n))."""
     for n in range(max_n, min_n - 1, -1):
         for start in range(len(tokens) - n):
             if n <= len(tokens) - 1 and tokens[start:start + n] == tokens[len(tokens) - n:]:
-                return tokens[start + n:start + n + k]
+                return tokens[start + n:start + n + (k if factor is None else min(k, int(factor * n + 1e-6)))]
     return []
 
 
@@ -112,6 +112,23 @@ def test_ngram_lookup_follows_vllms_example():
        k=st.integers(1, 6))
 def test_ngram_lookup_equals_the_brute_force_search(tokens, lo, span, k):
     assert proposers.ngram_lookup(tokens, lo, lo + span, k) == brute_force_lookup(tokens, lo, lo + span, k)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(tokens=st.lists(st.integers(0, 3), min_size=1, max_size=40), lo=st.integers(1, 3), span=st.integers(0, 12),
+       k=st.integers(1, 16), factor=st.sampled_from([0.5, 1, 1.5, 2.0, 4]))
+def test_ngram_drafts_grow_with_the_match_as_the_brute_force_search_says(tokens, lo, span, k, factor):
+    """prompt_lookup_spec_factor: a match of n tokens drafts at most factor x n of what vLLM's rule proposes."""
+    got = proposers.ngram_lookup(tokens, lo, lo + span, k, factor)
+    assert got == brute_force_lookup(tokens, lo, lo + span, k, factor)
+
+
+def test_a_long_match_drafts_long_and_a_short_one_short():
+    quote = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    tokens = quote + [0] + quote[:4]
+    assert proposers.ngram_lookup(tokens, 1, 16, 16, 2.0) == tokens[4:12]  # 4 matched: 8
+    assert proposers.ngram_lookup(tokens, 1, 16, 16) == tokens[4:]  # vLLM's rule: up to k, whatever the match
+    assert proposers.ngram_lookup(quote + [0, 7], 1, 16, 16, 2.0) == [8, 9]  # 1 matched: 2
 
 
 def test_prediction_proposer_realigns_after_an_edit():
@@ -170,7 +187,7 @@ def test_ngram_speculation_keeps_the_references_tokens_and_logprobs(reference, w
     prompts, params = workload
     expected = reference.generate(prompts, params)
     config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": lo, "prompt_lookup_max": lo + 2,
-              "enable_adaptive_verification": adaptive}
+              "enable_adaptive_verification": adaptive, "prompt_lookup_spec_factor": [None, 1, 2.0][k % 3]}
     llm, checked = spec_llm(config, blocks=blocks, budget=max(budget, max_num_seqs, k + 1),
                             max_num_seqs=max_num_seqs, enable_prefix_caching=prefix)
     same_outputs(llm.generate(prompts, params), expected)
@@ -277,6 +294,10 @@ def test_long_prediction_drafts_keep_the_references_tokens(reference, data, k, b
      "speculative_config.disable_by_batch_size"),
     *(({"method": "ngram", "num_speculative_tokens": 2, "prediction_num_speculative_tokens": bad},
        "speculative_config.prediction_num_speculative_tokens") for bad in (0, 17, "8", True)),
+    *(({"method": method, "num_speculative_tokens": 2, "prompt_lookup_spec_factor": bad},
+       "speculative_config.prompt_lookup_spec_factor") for method, bad in (("ngram", 0), ("ngram", -1),
+                                                                               ("ngram", 65), ("ngram", "2"),
+                                                                               ("ngram", True), ("suffix", 2.0))),
     ("{not json", "speculative_config"), (["ngram"], "speculative_config"),
 ])
 def test_a_bad_speculative_config_is_refused_naming_the_key(config, key):

@@ -44,7 +44,7 @@ def speculative_proposers(config: EngineConfig, tokenizer: Tokenizer, model: Ker
         return []
     k, off = spec.num_speculative_tokens, spec.disable_by_batch_size
     if spec.method == "ngram":
-        method = NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max, off)
+        method = NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max, off, spec.prompt_lookup_spec_factor)
     elif spec.method == "suffix":
         method = SuffixProposer(k, **spec.suffix_options, disable_by_batch_size=off)  # suffix.py
     else:

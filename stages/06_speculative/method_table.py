@@ -23,6 +23,8 @@ from .workloads import build
 
 # suffix: spec factor 4 (vLLM's default is 1), chosen on extract, never on agentic (docs/speculative.md, 2026-12-07)
 METHODS = {"ngram": DRAFT_ALWAYS, "ngram-8": {**DRAFT_ALWAYS, "num_speculative_tokens": 8},  # n-gram at suffix's k
+           "ngram-vllm": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,  # vLLM's rule,
+                          "prompt_lookup_max": 5, "enable_adaptive_verification": False},  # the old default
            "suffix": {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 4.0,
                       "enable_adaptive_verification": False}}
 

@@ -13,11 +13,11 @@ from common.sequence import Sequence
 from .proposer import Proposer
 
 
-def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int, factor: float | None = None) -> list[int]:
     """vLLM's rule: up to ``k`` tokens that followed the first earlier occurrence of the longest suffix of ``tokens``
-    of ``min_n`` to ``max_n`` tokens (none if none recurs): ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``.
-    Run for every request every step, so fast: each earlier place of the last token (``list.index``, a scan in C) is
-    a candidate end, extended backwards while the tokens agree; only a strictly longer one replaces the best."""
+    of ``min_n`` to ``max_n`` tokens (none if none recurs): ``ngram_lookup([1, 2, 3, 4, 2, 3], 2, 3, 4) == [4, 2, 3]``;
+    ``factor``: at most factor x n (a long match is a copy, a short one a guess). Fast: each earlier place of the last
+    token (``list.index``, a scan in C) is a candidate end, extended back while the tokens agree (a longer one wins)."""
     # lab 06.1 begin: prompt lookup (n-gram) drafts
     end = len(tokens) - 1  # a match must end before the last token
     max_n = min(max_n, end)
@@ -34,6 +34,7 @@ def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]
             n += 1
         if n > best_n:
             best_n, best_end = n, j
+    k = k if factor is None else min(k, int(factor * best_n + 1e-6))
     return tokens[best_end + 1:best_end + 1 + k] if best_n >= min_n else []
     # lab 06.1 end
 
@@ -41,12 +42,12 @@ def ngram_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]
 class NgramProposer(Proposer):
     """Drafts from the request's own prompt and output (``speculative_config`` method ``ngram``)."""
 
-    def __init__(self, k: int, min_n: int, max_n: int, disable_by_batch_size: int | None = None):
-        super().__init__(k, disable_by_batch_size)
-        self.min_n, self.max_n = min_n, max_n
+    def __init__(self, k: int, min_n: int, max_n: int, off: int | None = None, factor: float | None = None):
+        super().__init__(k, off)  # off: disable_by_batch_size
+        self.min_n, self.max_n, self.factor = min_n, max_n, factor
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
-        return [ngram_lookup(seq.token_ids, self.min_n, self.max_n, k) for seq, k in zip(seqs, ks)]
+        return [ngram_lookup(seq.token_ids, self.min_n, self.max_n, k, self.factor) for seq, k in zip(seqs, ks)]
 
 
 class PredictionProposer(Proposer):
