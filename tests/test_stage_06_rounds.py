@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-main = importlib.import_module("stages.06_speculative.__main__").main
+main = importlib.import_module("stages.speculative.__main__").main
 
 TINY = ["--model", "tiny", "--methods", "", "--max-tokens", "6", "--num-requests", "2", "--max-model-len", "256"]
 
