@@ -72,6 +72,11 @@ def main(argv=None) -> None:
                     help="compare: instead, the early-exit table: the int4 draft cut to its first N layers and its "
                          "head, for each N (e.g. 4,8,16,30), at 1 in flight beside stage 05")
     ap.add_argument("--in-flight", type=int_list, default=[1, 8, 64], help="compare: max_num_seqs values")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="compare: take each cell N times, stage 05 and stage 06 back to back, alternating which "
+                         "goes first; the table prints each cell's median ratio and the rounds' range (rounds.py)")
+    ap.add_argument("--json", metavar="FILE.json", default=None,
+                    help="compare: write every run's figures there (every round, each cell's median and range)")
     ap.add_argument("--num-requests", type=int, default=8, help="compare: requests per run (at least the limit)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=1024)
@@ -83,6 +88,8 @@ def main(argv=None) -> None:
     ap.add_argument("--api-key", default=os.environ.get("STEPWISE_API_KEY"))
     xray.add_arguments(ap)  # compare: stage 06's runs, one per workload and in-flight limit
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1 (got {args.rounds}): each cell's two runs are taken that many times")
     if args.speculative_config is None:
         always = args.command == "compare" and args.draft_always
         args.speculative_config = json.dumps(DRAFT_ALWAYS if always else STAGE_DEFAULT)

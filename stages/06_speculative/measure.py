@@ -17,6 +17,7 @@ from common.config import ModelConfig
 from common.loader import parse_dtype
 from stages import streaming
 
+from . import rounds
 from .draft_model import DraftModelProposer
 from .engine import LLM
 from .workloads import build
@@ -47,6 +48,8 @@ class Row:
     per_request: dict[int, float] = field(default_factory=dict)
     proposed: int = 0  # draft tokens the proposers offered (the adaptive policy's input)
     fed: int = 0  # of them, the ones the policy found worth their rows (all, drafting always)
+    round: int = 0  # --rounds: which round of the cell
+    spec_first: bool = False  # whether stage 06 ran before stage 05 in it (the order alternates round by round)
 
     @property
     def speedup(self) -> float:
@@ -71,23 +74,37 @@ def engines(args, in_flight: int):
     return base, spec
 
 
-def run_one(base, spec, workload: str, in_flight: int, args, recorder=None) -> Row:
+def forget_prefixes(llm) -> None:
+    """Empty an idle engine's prefix cache, so that every run prefills its prompts as the first did (a round
+    repeats the same requests)."""
+    cache = llm.engine.scheduler.block_manager.prefix_cache
+    for block_id in list(cache.of_block if cache is not None else ()):
+        cache.evict(block_id)
+
+
+def run_one(base, spec, workload: str, in_flight: int, args, recorder=None, round: int = 0,
+            spec_first: bool = False) -> Row:
     n = max(args.num_requests, in_flight)
     prompts, params = build(workload, spec.tokenizer, n, args.max_tokens)
-    expected = base.generate(prompts, params)
+    for llm in (base, spec):
+        forget_prefixes(llm)
+    expected = None if spec_first else base.generate(prompts, params)
     if recorder is not None:  # the X-ray (--xray/--trace): stage 06's steps, drafts kept and rejected
-        recorder.begin_run(f"06 {workload}, {in_flight} in flight", {"requests": n, "max_num_seqs": in_flight})
+        label = f"06 {workload}, {in_flight} in flight" + (f", round {round + 1}" if args.rounds > 1 else "")
+        recorder.begin_run(label, {"requests": n, "max_num_seqs": in_flight})
     policy = spec.engine.scheduler.policy
     before = dict(policy.counts) if policy is not None else {}
     got = spec.generate(prompts, params)
     if recorder is not None:
         recorder.end_run(write=False)
+    if spec_first:
+        expected = base.generate(prompts, params)
     same = [o.token_ids for o in got] == [o.token_ids for o in expected]
     s = spec.spec_stats
     proposed = policy.counts["proposed"] - before.get("proposed", 0) if policy is not None else s.drafted
     return Row(workload, in_flight, n, base.stats.output_tokens_per_s, spec.stats.output_tokens_per_s,
                s.acceptance_rate, s.mean_tokens_per_step, s.proposer_share, same, s.acceptance_by_position(),
-               s.tokens_per_step(), proposed, s.drafted)
+               s.tokens_per_step(), proposed, s.drafted, round, spec_first)
 
 
 def measure(args, console: Console, recorder=None) -> list[Row]:
@@ -98,10 +115,12 @@ def measure(args, console: Console, recorder=None) -> list[Row]:
             spec.add_observer(recorder)
         if not rows:
             console.print(f"[bold]engine:[/] {describe(spec)}")
-        for workload in args.workloads:
-            rows.append(run_one(base, spec, workload, in_flight, args, recorder))
-            console.print(f"  {workload} at {in_flight} in flight: {rows[-1].speedup:.2f}x "
-                          f"({time.perf_counter() - start:.0f} s)")
+        for r in range(args.rounds):  # stage 05 first in even rounds, stage 06 first in odd ones
+            for workload in args.workloads:
+                rows.append(run_one(base, spec, workload, in_flight, args, recorder, r, r % 2 == 1))
+                turn = f", round {r + 1}/{args.rounds} ({'06' if r % 2 else '05'} first)" if args.rounds > 1 else ""
+                console.print(f"  {workload} at {in_flight} in flight{turn}: {rows[-1].speedup:.2f}x "
+                              f"({time.perf_counter() - start:.0f} s)")
         del base, spec
     return rows
 
@@ -143,20 +162,29 @@ def crossover(rows: list[Row], workload: str) -> str:
 
 
 def report(rows: list[Row], args, console: Console) -> None:
-    console.print(table(rows, f"stage 05 vs stage 06 ({args.speculative_config}), {args.model}, {args.dtype}, "
-                              f"up to {args.max_tokens} new tokens, greedy; {machine_name()}"))
+    title = (f"stage 05 vs stage 06 ({args.speculative_config}), {args.model}, {args.dtype}, up to {args.max_tokens} "
+             f"new tokens, greedy; {machine_name()}")
+    found = rounds.cells(rows) if args.rounds > 1 else rows  # --rounds: a cell's median and range (rounds.py)
+    console.print(rounds.table(found, f"{title}; the median of {args.rounds} rounds") if args.rounds > 1 else
+                  table(rows, title))
     for workload in args.workloads:
-        mine = [r for r in rows if r.workload == workload]
-        first = mine[0]
+        mine = [r for r in found if r.workload == workload]
+        rows_of = [r for r in rows if r.workload == workload]
+        first = rows_of[0]
         positions = ", ".join(f"{p:.0%}" for p in first.by_position) or "nothing drafted"
         console.print(f"[bold]{workload}[/]: acceptance by draft position (at {first.in_flight} in flight): "
                       f"{positions}")
         per = ", ".join(f"{v:.2f}" for v in list(first.per_request.values())[:16])
         console.print(f"  tokens per decoding step, request by request: {per}")
         if len(mine) > 1:
-            console.print("  " + crossover(rows, workload))
+            console.print("  " + crossover(found, workload))
     console.print("[bold]drafts fed[/]: of the draft tokens proposed, those fed; the adaptive policy (cost_model.py) "
                   "feeds a draft where its expected tokens beat its rows' measured cost, so the share falls where "
                   "rows stop being free (more in flight) or drafts stop matching (chat)")
+    if args.rounds > 1:
+        console.print(rounds.verdict(found))
+    if args.json:
+        rounds.write_json(rows, args, machine_name(), args.json)
+        console.print(f"wrote every round's figures to {args.json}")
     if not all(r.same for r in rows):
         console.print("[bold red]stage 06 gave other tokens than stage 05: a bug[/]")

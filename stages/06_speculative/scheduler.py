@@ -88,10 +88,10 @@ class SpeculativeScheduler(Scheduler):
                     caps.update({s.seq_id: max(worth[s.seq_id], min(caps[s.seq_id], self.explore(proposer, seqs)))
                                  for s in seqs})
         drafts = {}
-        for proposer, seqs in groups.values():
+        for proposer, seqs in groups.values():  # a request with no guess is left out: the policy prices none
             asked = [s for s in seqs if caps[s.seq_id] > 0]
-            for seq, draft in zip(asked, proposer.propose(asked, [caps[s.seq_id] for s in asked]) if asked else []):
-                drafts[seq.seq_id] = list(draft[:caps[seq.seq_id]])
+            guesses = proposer.propose(asked, [caps[s.seq_id] for s in asked]) if asked else []
+            drafts.update({s.seq_id: list(d[:caps[s.seq_id]]) for s, d in zip(asked, guesses) if len(d)})
         ks = self.choose(drafts) if self.policy is not None else {i: len(d) for i, d in drafts.items()}
         for seq in (s for s in self.running if s.seq_id in drafts):
             seq.spec_token_ids = drafts[seq.seq_id][:ks[seq.seq_id]]
