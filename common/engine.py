@@ -148,8 +148,9 @@ def advance(seq: Sequence, fed: int, out: SeqOutput) -> int:
     drafts = seq.spec_token_ids[:out.drafted]
     agreed = next((i for i, (d, t) in enumerate(zip(drafts, out.tokens)) if d != t), min(len(drafts), kept))
     out.kept, out.accepted = kept, min(kept, agreed)
-    seq.num_drafted_tokens += out.drafted
-    seq.num_accepted_tokens += out.accepted
+    if seq.spec_from_prediction:  # OpenAI's prediction counts: the method's drafts are none of the prediction's
+        seq.num_drafted_tokens += out.drafted
+        seq.num_accepted_tokens += out.accepted
     seq.num_cached_tokens += fed - out.drafted + out.accepted
     seq.spec_token_ids = []
     return kept

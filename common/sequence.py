@@ -116,7 +116,8 @@ class Sequence:
         self.processors: list = list(processors or [])  # common/processors.py; their state follows the kept tokens
         self.prediction_ids = prediction_ids  # SamplingParams.prediction's tokens, tokenized off the engine's thread
         self.spec_token_ids: list[int] = []  # draft tokens fed after its own next step (stage 06); `advance` clears
-        self.num_drafted_tokens = 0  # draft tokens verified for it, over its life (OpenAI's prediction counts)
+        self.spec_from_prediction = False  # they are its predicted output's (OpenAI's prediction counts count them)
+        self.num_drafted_tokens = 0  # its predicted output's draft tokens verified, over its life
         self.num_accepted_tokens = 0  # of them, kept
 
     @property

@@ -319,21 +319,21 @@ def test_a_prediction_that_is_not_text_is_refused():
     assert e.value.param == "prediction"
 
 
-def test_predictions_keep_the_tokens_for_every_sample_and_count_what_they_drafted(reference):
+def test_predictions_keep_the_tokens_for_every_sample_and_count_what_they_drafted(reference, monkeypatch):
     """n = 2 seeded samples share one prediction (sample 0's answer with a word changed): each sample's tokens are
-    the reference's, and each counts its own drafted and kept prediction tokens."""
+    the reference's, and each counts its own drafted and kept prediction tokens (`BySource`: the prediction's)."""
     prompt = [30, 31, 32, 33, 34]
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=30, n=2, presence_penalty=0.5)
     free = reference.generate([prompt], params)[0]
     params.prediction = free.outputs[0].text.replace(" ", "  ", 1)
     expected = reference.generate([prompt], params)
     llm, checked = spec_llm()
-    steps = llm.add_observer(Recorder())
+    source, steps = llm.add_observer(BySource(monkeypatch)), llm.add_observer(Recorder())
     same_outputs(llm.generate([prompt], params), expected)
     samples = list({s.seq_id: s.seq for s in steps.seqs}.values())
     assert len(samples) == 2 and samples[0].num_accepted_tokens > 0
-    assert sum(s.num_drafted_tokens for s in samples) == llm.spec_stats.drafted
-    assert sum(s.num_accepted_tokens for s in samples) == llm.spec_stats.accepted
+    assert sum(s.num_drafted_tokens for s in samples) == source.counts[True][0]
+    assert sum(s.num_accepted_tokens for s in samples) == source.counts[True][1]
 
 
 def test_a_prediction_the_output_has_left_yields_to_the_methods_proposer(reference):
@@ -347,6 +347,46 @@ def test_a_prediction_the_output_has_left_yields_to_the_methods_proposer(referen
     llm, checked = spec_llm()
     same_outputs(llm.generate([prompt], params), reference.generate([prompt], params))
     assert llm.spec_stats.drafted > 0
+
+
+class BySource:
+    """Each step's drafted and kept tokens, by who drafted them: the prediction (its `propose` gave the request a
+    guess this step) or the method's proposer (every other verify step)."""
+
+    def __init__(self, monkeypatch):
+        self.predicted, self.counts = set(), {True: [0, 0], False: [0, 0]}  # from the prediction? -> drafted, kept
+        propose = proposers.PredictionProposer.propose
+
+        def recorded(proposer, seqs, ks):
+            guesses = propose(proposer, seqs, ks)
+            self.predicted |= {s.seq_id for s, g in zip(seqs, guesses) if len(g)}
+            return guesses
+
+        monkeypatch.setattr(proposers.PredictionProposer, "propose", recorded)
+
+    def on_step(self, event):
+        for s in event.seqs:
+            counts = self.counts[s.seq_id in self.predicted]
+            counts[0], counts[1] = counts[0] + s.drafted, counts[1] + s.accepted
+        self.predicted = set()
+
+
+def test_prediction_counts_leave_out_the_methods_drafts(reference, monkeypatch):
+    """A prediction that holds for the answer's first tokens, then is wrong and lost: the n-gram lookup drafts on.
+    OpenAI's accepted and rejected prediction tokens count the prediction's drafts alone, as recorded step by step."""
+    prompt, params = [5, 6, 7, 8] * 5, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    answer = reference.generate([prompt], params)[0].token_ids
+    tok = reference.tokenizer  # the prediction: the answer's first 4 tokens, then a token the answer lacks, 8 times
+    params.prediction = next(tok.decode(ids) for ids in (answer[:4] + [t] * 8 for t in range(300, 1024))
+                             if tok.encode(tok.decode(ids)) == ids and ids[-1] not in answer)
+    llm, checked = spec_llm()
+    source = llm.add_observer(BySource(monkeypatch))
+    steps = llm.add_observer(Recorder())
+    same_outputs(llm.generate([prompt], params), reference.generate([prompt], params))
+    seq = steps.seqs[-1].seq
+    (drafted, kept), (method_drafted, _) = source.counts[True], source.counts[False]
+    assert drafted > kept > 0 and method_drafted > 0  # the prediction drafted and was rejected, then the method drafted
+    assert (seq.num_drafted_tokens, seq.num_accepted_tokens) == (drafted, kept)
 
 
 def test_prefix_hits_share_only_kept_tokens(reference):

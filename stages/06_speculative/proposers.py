@@ -64,6 +64,8 @@ class PredictionProposer(Proposer):
         return at is not None and at < len(ids) and np.array_equal(ids[max(at - 2, 0):at], seq.output_token_ids[-2:])
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
+        for seq in seqs:  # its drafts are the prediction's: OpenAI's usage counts them (common/engine.py's advance)
+            seq.spec_from_prediction = True
         return [[] if at is None else ids[at:at + k].tolist() for (ids, at), k in zip(map(self.follow, seqs), ks)]
 
     def follow(self, seq: Sequence) -> tuple[np.ndarray, int | None]:

@@ -32,7 +32,7 @@ class SpeculativeScheduler(Scheduler):
     def schedule(self) -> ScheduledBatch:
         start = time.perf_counter()
         for seq in self.running:
-            seq.spec_token_ids = []
+            seq.spec_token_ids, seq.spec_from_prediction = [], False
         self.propose_drafts()
         propose_seconds = time.perf_counter() - start
         batch = super().schedule()
