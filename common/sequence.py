@@ -91,11 +91,9 @@ class Sequence:
                  device: torch.device, prompt: str | None = None, processors: list | None = None,
                  max_len: int | None = None, detokenizer=None, index: int = 0, group: list | None = None,
                  prediction_ids=None):
-        self.seq_id = next(_ids)
-        self.prompt = prompt
+        self.seq_id, self.prompt, self.params = next(_ids), prompt, params
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.params = params
         self.eos_token_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         self.eos_token_id = eos_token_id if isinstance(eos_token_id, int) else tuple(eos_token_id)[0]  # Llama 3 has two
         self.generator = make_generator(params, device)
@@ -117,8 +115,7 @@ class Sequence:
         self.prediction_ids = prediction_ids  # SamplingParams.prediction's tokens, tokenized off the engine's thread
         self.spec_token_ids: list[int] = []  # draft tokens fed after its own next step (stage 06); `advance` clears
         self.spec_from_prediction = False  # they are its predicted output's (OpenAI's prediction counts count them)
-        self.num_drafted_tokens = 0  # its predicted output's draft tokens verified, over its life
-        self.num_accepted_tokens = 0  # of them, kept
+        self.num_drafted_tokens = self.num_accepted_tokens = 0  # its prediction's drafts verified, and of them kept
 
     @property
     def num_new_tokens(self) -> int:
@@ -202,6 +199,5 @@ class Sequence:
         hits = [i for i in (self.output_text.find(s) for s in self.params.stop) if i >= 0]
         if hits:  # the text ends before the earliest match, whichever stop string it is and wherever it is listed
             self.output_text = self.output_text[:min(hits)]
-        self.status = SequenceStatus.FINISHED
-        self.finish_reason = reason
+        self.status, self.finish_reason = SequenceStatus.FINISHED, reason
         self.metrics.finished_time = time.perf_counter()

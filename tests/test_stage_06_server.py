@@ -1,6 +1,7 @@
 """Predicted outputs through the real `openai` client, against stage 06's engine behind stage 05's server: the
 answer is the reference's, and usage.completion_tokens_details' accepted and rejected prediction tokens add up to
-the tokens the engine drafted from the prediction, streamed or not. A prediction that is not text is a 400 naming
+the tokens the engine drafted from the prediction (`BySource`: each step's drafts by who made them), streamed or
+not. A prediction that is not text is a 400 naming
 the field."""
 import importlib
 
@@ -8,6 +9,7 @@ import httpx
 import pytest
 
 from common import ReferenceLLM, SamplingParams
+from test_stage_06_speculative import BySource
 from workloads import Server
 
 openai = pytest.importorskip("openai")
@@ -41,11 +43,10 @@ def expected(reference):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_predicted_outputs_keep_the_tokens_and_count_what_was_drafted(server, expected, stream):
+def test_predicted_outputs_keep_the_tokens_and_count_what_was_drafted(server, expected, stream, monkeypatch):
     ids, free = expected
     prediction = free.text[:len(free.text) // 2] + " something else entirely " + free.text[len(free.text) // 2:]
-    llm, stats = server.llm, server.llm.spec_stats
-    stats.reset()
+    llm, source = server.llm, server.llm.add_observer(BySource(monkeypatch))
     args = dict(model="tiny", messages=PROMPT, max_tokens=40, temperature=0, extra_body={"ignore_eos": True},
                 prediction={"type": "content", "content": prediction})
     if stream:
@@ -57,9 +58,10 @@ def test_predicted_outputs_keep_the_tokens_and_count_what_was_drafted(server, ex
         answer = client(server).chat.completions.create(**args)
         text, usage = answer.choices[0].message.content, answer.usage
     assert text == free.text and usage.completion_tokens == len(free.token_ids)
-    details = usage.completion_tokens_details
-    assert details.accepted_prediction_tokens == stats.accepted > 0
-    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == stats.drafted
+    details, (drafted, kept) = usage.completion_tokens_details, source.counts[True]
+    llm.remove_observer(source)
+    assert details.accepted_prediction_tokens == kept > 0
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == drafted
     assert details.rejected_prediction_tokens > 0  # the inserted words were drafted and rejected
     assert llm.engine.scheduler.block_manager.num_free_blocks == llm.engine.scheduler.block_manager.num_blocks
 

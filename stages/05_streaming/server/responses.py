@@ -79,9 +79,11 @@ def usage(prompt_tokens: int, completion_tokens: int, details: dict | None = Non
 
 
 def prediction_details(streams) -> dict | None:
-    """With a predicted output (chat's ``prediction``): OpenAI's accepted_prediction_tokens, the drafted tokens
-    taken from it that the answer kept, and rejected_prediction_tokens, the others (both summed over the n
-    samples). None without a prediction, or where the engine's sequences are out of reach (the cluster)."""
+    """With a predicted output (chat's ``prediction``): OpenAI's accepted_prediction_tokens, "tokens in the
+    prediction that appeared in the completion", here its drafts the answer kept, and rejected_prediction_tokens,
+    its drafts rejected (billed, as OpenAI's are; a part never drafted is in neither). Drafts of the method's
+    proposer, after the prediction is lost, count in neither. Summed over the n samples; None without a prediction,
+    or where the engine's sequences are out of reach (the cluster)."""
     seqs = [getattr(stream, "seq", None) for stream in streams]
     if not seqs or None in seqs or seqs[0].params.prediction is None:
         return None
