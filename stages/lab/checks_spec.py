@@ -17,20 +17,22 @@ from .examples import hypothesis, reference
 BLOCK = 4
 
 
-def brute_force_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+def brute_force_lookup(tokens: list[int], min_n: int, max_n: int, k: int, factor: float | None = None) -> list[int]:
     """vLLM's rule spelled out: the longest n in [min_n, max_n] whose last n tokens occur earlier, ending before the
-    last token; the first such occurrence; the (up to) k tokens after it."""
+    last token; the first such occurrence; the (up to) k tokens after it, and with ``factor`` at most factor x n."""
     for n in range(max_n, min_n - 1, -1):
         for start in range(len(tokens) - n):
             if tokens[start:start + n] == tokens[len(tokens) - n:]:
-                return tokens[start + n:start + n + k]
+                most = k if factor is None else min(k, int(factor * n + 1e-6))
+                return tokens[start + n:start + n + most]
     return []
 
 
-def check_lookup(lookup, tokens, min_n, max_n, k) -> None:
-    want, got = brute_force_lookup(tokens, min_n, max_n, k), list(lookup(tokens, min_n, max_n, k))
-    assert got == want, (f"ngram_lookup({tokens}, min_n={min_n}, max_n={max_n}, k={k}) returned {got}; vLLM's rule "
-                         f"(the longest recurring suffix, its first occurrence) proposes {want}")
+def check_lookup(lookup, tokens, min_n, max_n, k, factor=None) -> None:
+    want, got = brute_force_lookup(tokens, min_n, max_n, k, factor), list(lookup(tokens, min_n, max_n, k, factor))
+    assert got == want, (f"ngram_lookup({tokens}, min_n={min_n}, max_n={max_n}, k={k}, factor={factor}) returned "
+                         f"{got}; vLLM's rule (the longest recurring suffix, its first occurrence; with a factor, at "
+                         f"most factor x its length) proposes {want}")
 
 
 def spec_llm(v, num_blocks: int, max_num_seqs: int, budget: int, k: int = 4):
@@ -63,11 +65,15 @@ def check_06_1(v) -> None:
                  ([1, 2, 3, 4, 5], 1, 3, 4), ([7, 7, 7, 7], 2, 2, 5), ([4], 1, 2, 3)]:
         check_lookup(lookup, *case)
 
+    for case in [([1, 2, 3, 9, 1, 2, 3, 4, 5, 6, 1, 2, 3], 1, 3, 8, 2.0), ([1, 5, 6, 7, 1], 1, 2, 3, 2.0),
+                 ([1, 5, 6, 7, 1], 1, 2, 3, 0.5)]:  # a 3-token match drafts 6 of 8; a 1-token one 2; 0.5 x 1: none
+        check_lookup(lookup, *case)
+
     @hypothesis(60)
     @given(tokens=st.lists(st.integers(0, 3), min_size=1, max_size=16), min_n=st.integers(1, 3),
-           span=st.integers(0, 2), k=st.integers(1, 5))
-    def matches_the_rule(tokens, min_n, span, k):
-        check_lookup(lookup, tokens, min_n, min_n + span, k)
+           span=st.integers(0, 2), k=st.integers(1, 5), factor=st.sampled_from([None, 0.5, 1.0, 1.5, 2.0]))
+    def matches_the_rule(tokens, min_n, span, k, factor):
+        check_lookup(lookup, tokens, min_n, min_n + span, k, factor)
 
     matches_the_rule()
     llm = spec_llm(v, 60, 3, 32)

@@ -108,7 +108,9 @@ LABS_04_07 = [
              "ngram_lookup(tokens, min_n, max_n, k): the draft vLLM's ngram method proposes. Find the longest "
              "suffix of tokens, from min_n to max_n tokens long, that also occurs earlier in tokens (an occurrence "
              "that ends before the last token); of its occurrences take the first, and return up to k tokens that "
-             "followed it there. Return [] when no suffix of min_n tokens or more recurs.",
+             "followed it there. Return [] when no suffix of min_n tokens or more recurs. With a factor (not None), "
+             "a match of n tokens drafts at most int(factor x n) of them: a long match is a copy, a short one a "
+             "guess (suffix decoding's rule; the stage's default uses 2).",
              "Prompt lookup decoding: the output often repeats spans of the prompt (and of itself), so match its last "
              "few tokens against the text so far and propose what followed the match as the draft (Saxena, 2023; "
              "vLLM's ngram speculative method, paraphrased).",
